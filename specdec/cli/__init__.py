@@ -1,0 +1,27 @@
+"""`python -m specdec <command>`: every module in this package that defines `register(subparsers)`
+is a subcommand (its parser sets `func`, which returns the exit code)."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m specdec", description="speculative-decoding lab")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        if hasattr(module, "register"):
+            module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ValueError as error:  # bad input: a clear message, no traceback
+        print(f"error: {error}", file=sys.stderr)
+        return 1
