@@ -14,7 +14,9 @@ def tiny_config(arch: str = "llama", vocab_size: int = 128, layers: int = 2, hid
     """A small config of one of `ARCHITECTURES` (eos id 2, bos id 1)."""
     common = dict(vocab_size=vocab_size, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if arch == "gpt2":
-        return GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=context, **common)
+        # a wider init than GPT-2's 0.02, or a random 2-layer GPT-2 repeats one token forever
+        return GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=context, initializer_range=0.1,
+                          **common)
     cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}[arch]
     return cls(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context, **common)
@@ -24,7 +26,7 @@ def tiny_model(arch: str = "llama", seed: int = 0, **config_kwargs) -> torch.nn.
     """A randomly initialised, seeded, fp32 causal LM in eval mode."""
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(tiny_config(arch, **config_kwargs), dtype=torch.float32)
-    _sharpen(model, seed)
+    _sharpen(model)
     return model.eval()
 
 
@@ -38,9 +40,42 @@ def perturbed_copy(model: torch.nn.Module, noise: float, seed: int = 1) -> torch
     return clone.eval()
 
 
-def _sharpen(model: torch.nn.Module, seed: int) -> None:
-    """Scale the output head so random models have peaked, non-degenerate next-token distributions."""
-    head = model.get_output_embeddings()
-    if head is not None and head.weight is not model.get_input_embeddings().weight:
-        with torch.no_grad():
-            head.weight.mul_(8.0)
+def _sharpen(model: torch.nn.Module) -> None:
+    """Scale the final norm so random models have peaked, non-degenerate next-token distributions."""
+    base = model.base_model
+    final_norm = getattr(base, "norm", None) or getattr(base, "ln_f")
+    with torch.no_grad():
+        final_norm.weight.mul_(8.0)
+
+
+TINY_CORPUS = (  # text the tiny tokenizers are trained on (code, finance, prose)
+    "import QuantLib as ql\ndef CalcBlackScholesVega(S, K, T, r, sigma):\n    return S * norm.pdf(d1) * sqrt(T)\n",
+    "df['EBITDA_Margin'] = df['EBITDA'] / df['Revenue']  # margin of the quarter\n",
+    "def price(option, curve):\n    return option.npv(curve.discount(option.maturity))\n",
+    "The quick brown fox jumps over the lazy dog. The risk of the counterparty is low.\n",
+)
+
+
+def tiny_tokenizer(kind: str = "bytelevel", vocab_size: int = 400, corpus=TINY_CORPUS):
+    """A BPE tokenizer trained in code: "bytelevel" (GPT-2/Qwen style, Ġ for spaces) or "metaspace"
+    (SentencePiece/Llama style, ▁ for spaces). Ids 0, 1, 2 are <pad>, <s>, </s> (as in `tiny_config`)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<s>", "</s>"]
+    if kind == "bytelevel":
+        backend = Tokenizer(models.BPE())
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        backend.decoder = decoders.ByteLevel()
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+    elif kind == "metaspace":
+        backend = Tokenizer(models.BPE(unk_token="<unk>"))
+        backend.pre_tokenizer = pre_tokenizers.Metaspace()
+        backend.decoder = decoders.Metaspace()
+        specials, alphabet = specials + ["<unk>"], []
+    else:
+        raise ValueError(f"unknown tokenizer kind {kind!r}: use 'bytelevel' or 'metaspace'")
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, initial_alphabet=alphabet,
+                                  show_progress=False)
+    backend.train_from_iterator(list(corpus) * 4, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>")

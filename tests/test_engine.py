@@ -1,0 +1,165 @@
+"""Losslessness, linear cost, stats and input checks of the engine on tiny seeded models."""
+import pytest
+import torch
+
+from specdec import autoregressive_generate, speculative_generate
+from specdec.drafters import Drafter
+from specdec.testing import ARCHITECTURES, perturbed_copy, tiny_model
+
+PROMPT = [1, 5, 9, 33, 17, 60, 4]
+
+
+def reference(model, prompt, max_new_tokens, eos_token_id=None):
+    """The target alone through transformers' own generate()."""
+    ids = torch.tensor([prompt])
+    out = model.generate(ids, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=0,
+                         eos_token_id=eos_token_id, attention_mask=torch.ones_like(ids))
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.fixture(scope="module", params=ARCHITECTURES)
+def models(request):
+    target = tiny_model(request.param, seed=0)
+    return {
+        "target": target,
+        "self": target,  # everything accepted
+        "perturbed": perturbed_copy(target, noise=0.3),  # partial acceptance
+        "unrelated": tiny_model(request.param, seed=123),  # almost nothing accepted
+        "expected_37": reference(target, PROMPT, 37),  # 37: not a multiple of k+1 for most k
+    }
+
+
+@pytest.mark.parametrize("draft_name", ["self", "perturbed", "unrelated"])
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 8])
+def test_greedy_is_token_identical_to_generate(models, draft_name, k):
+    target = models["target"]
+    result = speculative_generate(target, models[draft_name], PROMPT, k=k, max_new_tokens=37, eos_token_id=[])
+    assert result.token_ids == models["expected_37"]
+    assert len(result.token_ids) == 37
+
+
+def test_acceptance_follows_draft_quality(models):
+    target = models["target"]
+    rates = {name: speculative_generate(target, models[name], PROMPT, k=4, max_new_tokens=40,
+                                        eos_token_id=[]).stats.acceptance_rate
+             for name in ("self", "perturbed", "unrelated")}
+    assert rates["self"] == 1.0
+    assert rates["self"] > rates["perturbed"] > rates["unrelated"]
+
+
+def test_baseline_matches_generate(models):
+    target = models["target"]
+    assert autoregressive_generate(target, PROMPT, max_new_tokens=30, eos_token_id=[]).token_ids == \
+        reference(target, PROMPT, 30)
+
+
+def test_stops_after_eos_like_generate(models):
+    target = models["target"]
+    free_run = reference(target, PROMPT, 40)
+    position = next(i for i in range(5, 40) if free_run[i] not in free_run[:i])  # first appearance mid-way
+    eos = free_run[position]
+    expected = reference(target, PROMPT, 40, eos_token_id=eos)
+    assert expected[-1] == eos and len(expected) == position + 1
+    for draft in ("self", "perturbed"):
+        result = speculative_generate(target, models[draft], PROMPT, k=4, max_new_tokens=40, eos_token_id=eos)
+        assert result.token_ids == expected
+
+
+def test_padded_vocabularies_work_and_padding_is_never_proposed():
+    target = tiny_model("qwen2", seed=0, vocab_size=128)
+    padded_draft = perturbed_copy(target, noise=0.2)
+    padded_draft.resize_token_embeddings(129)  # one padding row, like Qwen's 151936 vs 152064
+    with torch.no_grad():
+        padded_draft.get_output_embeddings().weight[128] = 50.0  # the padding id would win every argmax
+    result = speculative_generate(target, padded_draft, PROMPT, k=4, max_new_tokens=30, eos_token_id=[])
+    assert result.token_ids == reference(target, PROMPT, 30)
+    assert all(t < 128 for r in result.rounds for t in r.draft_token_ids)
+
+
+def count_fed_tokens(model):
+    counter = {"tokens": 0}
+
+    def hook(module, args, kwargs):
+        counter["tokens"] += kwargs["input_ids"].shape[1]
+
+    return counter, model.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def test_each_model_is_fed_a_linear_number_of_tokens():
+    target = tiny_model("llama", seed=0)
+    draft = perturbed_copy(target, noise=0.3)
+    prompt = list(range(3, 40))
+    target_count, h1 = count_fed_tokens(target)
+    draft_count, h2 = count_fed_tokens(draft)
+    k, new = 4, 120
+    result = speculative_generate(target, draft, prompt, k=k, max_new_tokens=new, eos_token_id=[])
+    h1.remove(), h2.remove()
+    rounds = result.stats.rounds
+    # every token once, plus the k drafted positions of each round (re-read only when rejected)
+    assert target_count["tokens"] <= len(prompt) + new + k * rounds
+    assert draft_count["tokens"] <= len(prompt) + new + k * rounds
+    # a quadratic loop would re-read the prompt every round
+    assert target_count["tokens"] < len(prompt) * rounds
+
+
+def test_stats_are_consistent(models):
+    target = models["target"]
+    result = speculative_generate(target, models["perturbed"], PROMPT, k=4, max_new_tokens=33, eos_token_id=[])
+    s = result.stats
+    assert sum(len(r.emitted_token_ids) for r in result.rounds) == len(result.token_ids) == s.emitted_tokens
+    assert s.accepted_tokens == sum(r.num_accepted for r in result.rounds)
+    assert 0.0 <= s.acceptance_rate <= 1.0 and 0.0 <= s.draft_acceptance_rate <= s.acceptance_rate + 1e-12
+    assert s.mean_accepted_length == pytest.approx(s.emitted_tokens / s.rounds)
+    assert len(s.per_position_acceptance) == 4
+    accepted_at = [sum(r.num_accepted > i for r in result.rounds) for i in range(4)]
+    assert accepted_at == sorted(accepted_at, reverse=True)
+    assert s.rounds == len(result.rounds) and s.target_forwards == s.rounds + 1  # + prefill
+    for r in result.rounds:
+        assert r.matches[: r.num_accepted] == [True] * r.num_accepted
+        assert r.num_accepted == len(r.matches) or r.matches[r.num_accepted] is False
+        assert len(r.draft_probs) == len(r.target_probs) == len(r.draft_token_ids)
+    assert s.cost_ratio > 0 and s.theoretical_speedup >= 1.0
+
+
+def test_on_round_streams_and_can_stop(models):
+    seen = []
+    result = speculative_generate(models["target"], models["perturbed"], PROMPT, k=3, max_new_tokens=40,
+                                  eos_token_id=[], on_round=lambda r: seen.append(r) or len(seen) < 3)
+    assert result.stopped_early and len(result.rounds) == 3 and seen == result.rounds
+
+
+def test_same_seed_same_sample(models):
+    run = lambda seed: speculative_generate(models["target"], models["perturbed"], PROMPT, k=3,  # noqa: E731
+                                            max_new_tokens=25, temperature=1.0, seed=seed, eos_token_id=[]).token_ids
+    assert run(7) == run(7)
+    assert run(7) != run(8)
+
+
+def test_model_drafter_satisfies_the_protocol(models):
+    from specdec.drafters import ModelDrafter, NoDraft
+    assert isinstance(ModelDrafter(models["target"]), Drafter) and isinstance(NoDraft(), Drafter)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"input_ids": torch.ones(2, 4, dtype=torch.long)}, "batch size 2"),
+    ({"input_ids": []}, "empty prompt"),
+    ({"k": 0}, "k must be"),
+    ({"k": 100}, "k must be"),
+    ({"max_new_tokens": 0}, "max_new_tokens"),
+    ({"input_ids": [5] * 250}, "context of 256"),
+    ({"input_ids": [1, 500]}, "outside the target's vocabulary"),
+    ({"temperature": -1.0}, "temperature"),
+    ({"top_p": 0.0}, "top_p"),
+    ({"input_ids": "hello"}, "needs a tokenizer"),
+])
+def test_bad_input_is_refused_with_a_clear_message(models, kwargs, message):
+    args = {"input_ids": PROMPT, "k": 4, "max_new_tokens": 8, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        speculative_generate(models["target"], models["self"], args.pop("input_ids"), **args)
+
+
+def test_vocabulary_mismatch_is_refused():
+    target = tiny_model("llama", seed=0, vocab_size=128)
+    foreign = tiny_model("llama", seed=1, vocab_size=300)
+    with pytest.raises(ValueError, match="vocabulary mismatch.*align"):
+        speculative_generate(target, foreign, PROMPT, k=2, max_new_tokens=4)
