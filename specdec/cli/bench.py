@@ -1,0 +1,151 @@
+"""`python -m specdec bench`: ours vs the target alone vs Hugging Face assisted generation.
+
+Writes results.jsonl/.csv (one row per (draft, k, prompt) cell), summary.md (per-category
+tables, where the time goes, k advice, the issue's targets, greedy divergences) and plotly HTML
+charts to --out. A rerun with the same --out and settings skips the cells already measured.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from ..bench import BenchConfig, cells_to_run, contender, format_report, run_bench, summarise
+from ..models import add_model_arguments, load_draft, load_model
+from ..suites import available_suites, load_suite
+from ..theory import expected_tokens_per_step, walltime_speedup
+
+SUMMARY_MD = "summary.md"
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("bench", help="benchmark drafts and k against the target alone and HF assisted")
+    add_model_arguments(p)
+    p.add_argument("--draft", nargs="+", required=True,
+                   help="one or more drafts: model specs, 'lookup' (prompt lookup) or 'self:L' (first L layers)")
+    p.add_argument("--suite", default="all", help=f"built-in suite ({', '.join(available_suites())}), "
+                                                  "a .jsonl file, or a text file with one prompt per line")
+    p.add_argument("--k", nargs="+", default=["1", "2", "4", "8"], type=parse_k,
+                   help="draft lengths to measure; 'auto' = the engine's adaptive k")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (outputs are checked for identity)")
+    p.add_argument("--repeats", type=int, default=1, help="timed runs per method and cell (median reported)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--categories", nargs="+", help="only these categories of the suite")
+    p.add_argument("--split", choices=("dev", "heldout"), help="only this split of the suite")
+    p.add_argument("--limit", type=int, help="first N prompts of each category")
+    p.add_argument("--no-hf-generate", action="store_true", help="skip the HF plain generate() column")
+    p.add_argument("--out", required=True, help="run folder (created; reused to resume)")
+    p.set_defaults(func=run)
+
+
+def parse_k(value: str):
+    if value == "auto":
+        return value
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"--k takes positive integers or 'auto', got {value!r}")
+    return int(value)
+
+
+def run(args) -> int:
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    prompts = load_suite(args.suite, split=args.split, categories=args.categories, limit=args.limit)
+    target = load_model(args.target, dtype=args.dtype)
+    contenders = [contender(spec, load_draft(spec, target, dtype=args.dtype), target) for spec in args.draft]
+    config = BenchConfig(target=args.target, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                         repeats=args.repeats, seed=args.seed, dtype=target.dtype)
+    out = Path(args.out)
+    print(f"target {target.name} ({target.dtype}); drafts {', '.join(c.name for c in contenders)}; "
+          f"{len(prompts)} prompts x k {args.k}; HF assisted for: "
+          f"{', '.join(c.name for c in contenders if c.hf_assistant is not None) or 'none'}")
+    rows = bench_with_progress(target, contenders, prompts, args.k, config, out, hf_plain=not args.no_hf_generate)
+    report = format_report(rows)
+    (out / SUMMARY_MD).write_text(report, encoding="utf-8")
+    charts = write_charts(rows, out)
+    print(report)
+    print(f"wrote {out / 'results.csv'}, {out / 'results.jsonl'}, {out / SUMMARY_MD}, "
+          + ", ".join(str(c) for c in charts))
+    return 0
+
+
+def bench_with_progress(target, contenders, prompts, ks, config, out: Path, **options) -> list[dict]:
+    """run_bench with a tqdm bar on stderr and one line per finished cell."""
+    from tqdm import tqdm
+
+    total = cells_to_run(out, contenders, prompts, ks)
+    with tqdm(total=total, desc="cells", file=sys.stderr, dynamic_ncols=True) as bar:
+        def on_cell(row: dict) -> None:
+            bar.write(cell_line(row))
+            bar.update(1)
+        return run_bench(target, contenders, prompts, ks, config, out, on_cell=on_cell, **options)
+
+
+def cell_line(row: dict) -> str:
+    hf = row["speedup_vs_hf_assisted"]
+    same = {True: "identical", False: f"DIVERGES at token {row['first_divergence']}", None: "sampled"}
+    return (f"{row['draft']} k={row['k']} {row['prompt_id']}: α̂={row['acceptance_rate']:.2f} "
+            f"c={row['cost_ratio']:.2f} {row['ours_tok_s']:.2f} tok/s, "
+            f"{row['speedup_vs_target_alone']:.2f}x vs target alone (bound {row['cost_aware_bound']:.2f}x)"
+            + (f", {hf:.2f}x vs HF assisted" if hf is not None else "")
+            + f", {same[row['ours_equals_target_alone']]}")
+
+
+def write_charts(rows: list[dict], out: Path) -> list[Path]:
+    """speedup_vs_k.html and categories.html (plotly, imported here only: specdec's core never does)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    summaries = summarise(rows)
+    drafts = sorted({s.draft for s in summaries})
+    figure = make_subplots(rows=1, cols=len(drafts), subplot_titles=drafts, shared_yaxes=True)
+    for col, draft in enumerate(drafts, start=1):
+        for trace in _speedup_traces([s for s in summaries if s.draft == draft and s.category == "all"]):
+            trace.showlegend = col == 1
+            figure.add_trace(trace, row=1, col=col)
+        figure.update_xaxes(title_text="k (draft tokens per round)", row=1, col=col)
+    figure.update_yaxes(title_text="speedup vs target alone", row=1, col=1)
+    figure.update_layout(title="Measured speedup vs k, next to the theoretical bounds (all prompts)")
+    bars = go.Figure([_category_bars(summaries, draft) for draft in drafts])
+    bars.update_layout(title="Measured speedup per category at each draft's best k (all prompts)",
+                       yaxis_title="speedup vs target alone", barmode="group")
+    paths = [out / "speedup_vs_k.html", out / "categories.html"]
+    figure.write_html(paths[0], include_plotlyjs="directory")
+    bars.write_html(paths[1], include_plotlyjs="directory")
+    return paths
+
+
+def _speedup_traces(summaries: list) -> list:
+    """Measured ours and HF assisted per k, and both bounds as curves at the pooled alpha-hat and c."""
+    import plotly.graph_objects as go
+
+    fixed = sorted((s for s in summaries if s.k.isdigit()), key=lambda s: int(s.k))
+    if not fixed:
+        return []
+    ks = [int(s.k) for s in fixed]
+    alpha = sum(s.acceptance_rate for s in fixed) / len(fixed)
+    c = sum(s.cost_ratio for s in fixed) / len(fixed)
+    grid = list(range(1, max(ks) + 1))
+    traces = [
+        go.Scatter(x=ks, y=[s.speedup_vs_target_alone for s in fixed], mode="lines+markers", name="ours (measured)"),
+        go.Scatter(x=grid, y=[walltime_speedup(alpha, k, c) for k in grid], mode="lines", line={"dash": "dash"},
+                   name=f"cost-aware bound (α̂={alpha:.2f}, c={c:.2f})"),
+        go.Scatter(x=grid, y=[expected_tokens_per_step(alpha, k) for k in grid], mode="lines",
+                   line={"dash": "dot"}, name="bound at c=0: (1-α^(k+1))/(1-α)"),
+    ]
+    hf = [(int(s.k), s.hf_assisted_tok_s / s.target_alone_tok_s) for s in fixed if s.hf_assisted_tok_s]
+    if hf:
+        traces.append(go.Scatter(x=[k for k, _ in hf], y=[v for _, v in hf], mode="lines+markers",
+                                 name="HF assisted (measured)"))
+    return traces
+
+
+def _category_bars(summaries: list, draft: str):
+    import plotly.graph_objects as go
+
+    best_k = max((s for s in summaries if s.draft == draft and s.category == "all"),
+                 key=lambda s: s.speedup_vs_target_alone).k
+    chosen = [s for s in summaries if s.draft == draft and s.k == best_k]
+    return go.Bar(x=[s.category for s in chosen], y=[s.speedup_vs_target_alone for s in chosen],
+                  name=f"{draft} (k={best_k})",
+                  customdata=[[s.acceptance_rate, s.cost_aware_bound] for s in chosen],
+                  hovertemplate="%{x}: %{y:.2f}x<br>α̂=%{customdata[0]:.2f}, bound %{customdata[1]:.2f}x")

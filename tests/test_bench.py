@@ -1,0 +1,229 @@
+"""Prompt suites, the benchmark on tiny in-code models (core and CLI), resume, the report and the k advisor."""
+import json
+
+import pytest
+
+from specdec import theory
+from specdec.advisor import advise, speedup_curve
+from specdec.bench import (BenchConfig, contender, first_divergence, format_report, read_rows, run_bench,
+                           summarise, target_checks)
+from specdec.cli import main
+from specdec.suites import SUITES_DIR, available_suites, load_suite
+from specdec.testing import perturbed_copy, tiny_model, tiny_tokenizer
+
+TEXT_SUITES = ("chat", "code", "finance", "medical", "summarisation", "math", "translation")
+
+
+# --- suites ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", TEXT_SUITES)
+def test_builtin_text_suites_have_a_few_dozen_prompts_and_both_splits(name):
+    prompts = load_suite(name)
+    assert len(prompts) >= 24
+    assert {p.category for p in prompts} == {name}
+    assert {p.split for p in prompts} == {"dev", "heldout"}
+    assert all(isinstance(p.prompt, str) and len(p.prompt) >= 10 for p in prompts)
+
+
+def test_all_suite_covers_every_category_but_tiny_and_ids_are_unique():
+    prompts = load_suite("all")
+    assert {p.category for p in prompts} == set(TEXT_SUITES)
+    assert len({p.id for p in prompts}) == len(prompts)
+    assert set(TEXT_SUITES) | {"all", "tiny"} <= set(available_suites())
+    assert {p.language for p in load_suite("chat")} == {"en", "zh"}
+    assert {p.language for p in load_suite("medical")} == {"zh"}
+
+
+def test_summarisation_prompts_carry_the_text_to_summarise():
+    assert all(len(p.prompt) > 120 for p in load_suite("summarisation"))
+
+
+def test_tiny_suite_is_token_ids_within_a_tiny_vocabulary():
+    prompts = load_suite("tiny")
+    assert all(isinstance(p.prompt, tuple) and max(p.prompt) < 128 for p in prompts)
+
+
+def test_filters_split_categories_limit():
+    assert {p.split for p in load_suite("math", split="heldout")} == {"heldout"}
+    limited = load_suite("all", categories=["code", "math"], limit=2)
+    assert [p.category for p in limited] == ["code", "code", "math", "math"]
+    with pytest.raises(ValueError, match="no prompts of categories"):
+        load_suite("code", categories=["poetry"])
+    with pytest.raises(ValueError, match="unknown split"):
+        load_suite("code", split="test")
+
+
+def test_user_text_file_one_prompt_per_line(tmp_path):
+    path = tmp_path / "mine.txt"
+    path.write_text("first prompt\n\n  second prompt  \n", encoding="utf-8")
+    prompts = load_suite(str(path))
+    assert [p.prompt for p in prompts] == ["first prompt", "second prompt"]
+    assert {p.category for p in prompts} == {"user"}
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"id": "a", "category": "x", "prompt": "p"}\nnot json\n', r"mine.jsonl:2: not valid JSON"),
+    ('{"id": "a", "prompt": "p"}\n', "missing field"),
+    ('{"id": "a", "category": "x", "prompt": ""}\n', "non-empty string"),
+    ('{"id": "a", "category": "x", "prompt": [1, -2]}\n', "non-negative integers"),
+    ('{"id": "a", "category": "x", "prompt": "p", "split": "train"}\n', "split must be one of"),
+    ('{"id": "a", "category": "x", "prompt": "p"}\n{"id": "a", "category": "x", "prompt": "q"}\n', "appears twice"),
+    ("\n", "empty"),
+])
+def test_bad_jsonl_is_a_clear_value_error(tmp_path, content, message):
+    path = tmp_path / "mine.jsonl"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(ValueError, match=message):
+        load_suite(str(path))
+
+
+def test_unknown_suite_names_the_choices():
+    with pytest.raises(ValueError, match="tiny"):
+        load_suite("no-such-suite")
+
+
+def test_builtin_files_are_what_load_suite_reads():
+    assert {p.stem for p in SUITES_DIR.glob("*.jsonl")} == set(TEXT_SUITES) | {"tiny"}
+
+
+# --- the bench on tiny models ----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_target():
+    return tiny_model("llama", seed=0)
+
+
+def run_tiny(target, out, ks=(1, 2), on_cell=None, drafts=("self", "noisy"), **config):
+    models = {"self": target, "noisy": perturbed_copy(target, 0.3)}
+    contenders = [contender(name, models[name], target) for name in drafts]
+    prompts = load_suite("tiny", limit=1)  # one "repeat" and one "random" prompt
+    settings = dict(target="tiny", max_new_tokens=8) | config
+    return run_bench(target, contenders, prompts, list(ks), BenchConfig(**settings), out, on_cell=on_cell)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_target, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    return out, run_tiny(tiny_target, out)
+
+
+def test_bench_writes_rows_csv_and_greedy_identity(tiny_run):
+    tmp_path, rows = tiny_run
+    assert len(rows) == 2 * 2 * 2  # drafts x k x prompts
+    assert (tmp_path / "results.csv").read_text().count("\n") == len(rows) + 1
+    assert len(read_rows(tmp_path)) == len(rows)
+    for row in rows:
+        assert row["ours_equals_target_alone"] is True
+        assert row["hf_assisted_equals_target_alone"] is True
+        assert row["hf_plain_equals_target_alone"] is True
+        assert row["new_tokens"] == row["target_alone_tokens"] == 8
+        assert row["ours_tok_s"] > 0 and row["hf_assisted_tok_s"] > 0 and row["target_alone_tok_s"] > 0
+    self_rows = [r for r in rows if r["draft"] == "self"]
+    assert all(r["acceptance_rate"] == 1.0 for r in self_rows)  # draft = target accepts everything
+    assert any(r["acceptance_rate"] < 1.0 for r in rows if r["draft"] == "noisy")
+
+
+def test_bench_resumes_and_refuses_a_different_configuration(tiny_target, tmp_path):
+    run_tiny(tiny_target, tmp_path, ks=(1,), drafts=("self",))
+    finished = []
+    rows = run_tiny(tiny_target, tmp_path, ks=(1, 2), drafts=("self",), on_cell=finished.append)
+    assert {r["k"] for r in finished} == {"2"}  # k=1 cells were already there
+    assert len(rows) == 4 and len({(r["draft"], r["k"], r["prompt_id"]) for r in rows}) == 4
+    with pytest.raises(ValueError, match="another configuration .*max_new_tokens"):
+        run_tiny(tiny_target, tmp_path, drafts=("self",), max_new_tokens=9)
+
+
+def test_drafter_without_model_has_no_hf_column(tiny_target, tmp_path):
+    from specdec.lookup import PromptLookupDraft
+
+    entry = contender("lookup", PromptLookupDraft(), tiny_target)
+    assert entry.hf_assistant is None
+    rows = run_bench(tiny_target, [entry], load_suite("tiny", limit=1), [2],
+                     BenchConfig(target="tiny", max_new_tokens=8), tmp_path)
+    assert all(r["hf_assisted_tok_s"] is None and r["hf_assisted_equals_target_alone"] is None for r in rows)
+    assert all(r["ours_equals_target_alone"] for r in rows)
+
+
+def test_summary_pools_counts_and_report_lists_divergences(tiny_run):
+    rows = [dict(r) for r in tiny_run[1]]
+    summaries = summarise(rows)
+    noisy = next(s for s in summaries if s.draft == "noisy" and s.k == "2" and s.category == "all")
+    cells = [r for r in rows if r["draft"] == "noisy" and r["k"] == "2"]
+    accepted = sum(r["accepted_tokens"] for r in cells)
+    assert noisy.acceptance_rate == pytest.approx(accepted / (accepted + sum(r["rejections"] for r in cells)))
+    assert noisy.cost_aware_bound == pytest.approx(theory.walltime_speedup(noisy.acceptance_rate, 2, noisy.cost_ratio))
+    assert noisy.identical == "2/2"
+    assert sum(getattr(noisy, f) for f in ("draft_share", "target_share", "prefill_share", "overhead_share")) \
+        == pytest.approx(1.0)
+    report = format_report(rows)
+    for heading in ("## repeat", "## random", "## all", "## k advisor", "## Issue targets", "## Greedy divergences"):
+        assert heading in report
+    assert "None: every greedy output matched" in report
+    rows[0]["ours_equals_target_alone"], rows[0]["first_divergence"] = False, 3
+    assert f"ours ≠ target alone: draft {rows[0]['draft']}, k={rows[0]['k']}, prompt {rows[0]['prompt_id']} at token 3" \
+        in format_report(rows)
+    checks = target_checks(summaries)
+    assert {c.target for c in checks} == {"ours / HF assisted tokens/s", "measured speedup / cost-aware bound"}
+
+
+def test_first_divergence():
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
+    assert first_divergence([1, 2], [1, 2, 3]) == 2
+
+
+# --- the CLI on tiny folders -----------------------------------------------------------------
+
+def tiny_folder(path, seed):
+    tokenizer = tiny_tokenizer()
+    tiny_model("llama", seed, vocab_size=len(tokenizer)).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def test_cli_bench_on_tiny_suite_end_to_end(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    target = tiny_folder(tmp_path / "target", seed=0)
+    out = tmp_path / "run"
+    argv = ["bench", "--target", target, "--draft", target, "lookup", "--suite", "tiny", "--limit", "1",
+            "--k", "1", "3", "--max-new-tokens", "6", "--dtype", "float32", "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr()
+    assert "## all" in printed.out
+    assert printed.out.count(", identical") == 8  # one line per finished cell
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 * 2 * 2
+    assert all(r["ours_equals_target_alone"] for r in rows)
+    for name in ("results.csv", "summary.md", "speedup_vs_k.html", "categories.html", "config.json"):
+        assert (out / name).exists(), name
+    assert "HF assisted tok/s" in (out / "summary.md").read_text()
+    assert main(argv) == 0  # resumed: nothing left to run, same summary
+    assert len((out / "results.jsonl").read_text().splitlines()) == len(rows)
+
+
+def test_cli_bench_bad_input_exits_1(tmp_path, capsys):
+    assert main(["bench", "--target", "x", "--draft", "y", "--suite", str(tmp_path / "none.jsonl"),
+                 "--out", str(tmp_path / "o")]) == 1
+    assert "error: no prompt suite" in capsys.readouterr().err
+
+
+# --- the k advisor ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("alpha, c", [(0.8, 0.05), (0.6, 0.2), (0.9, 0.1), (0.5, 0.02)])
+def test_advisor_picks_the_argmax_of_the_cost_aware_bound(alpha, c):
+    advice = advise(alpha, c)
+    curve = speedup_curve(alpha, c, range(1, 17))
+    assert advice.k == 1 + curve.index(max(curve))
+    assert advice.expected_speedup == pytest.approx(max(curve))
+    assert advice.expected_tokens_per_round == pytest.approx(theory.expected_tokens_per_step(alpha, advice.k))
+    assert advice.worthwhile and f"use k={advice.k}" in advice.verdict
+
+
+def test_advisor_says_run_the_target_alone_when_nothing_pays_off():
+    advice = advise(0.2, 0.5)
+    assert not advice.worthwhile and advice.expected_speedup < 1
+    assert "run the target alone" in advice.verdict
+
+
+def test_advisor_on_leviathan_table_1():
+    assert advise(0.8, 0.0, k_max=5).expected_tokens_per_round == pytest.approx(3.69, abs=0.01)
