@@ -1,0 +1,426 @@
+"""Distil a draft towards its target so that the target accepts more of its tokens.
+
+Loss (seed 000's `compute_speculative_distill_loss`, after Hinton et al. 2015):
+    L = (1 - a) * CE(y, draft) + a * T^2 * D(P_target || P_draft),   defaults T = 2, a = 0.7,
+where D is the forward KL of the seed, or the reverse KL or total variation (DistillSpec, Zhou et al. 2023:
+acceptance is 1 - TV, Leviathan et al. 2023). The T^2 factor compensates the 1/T^2 gradient scale of
+temperature-softened KL targets; TV gets no such factor. Every term is a mean over real (unmasked) tokens;
+the seed's `F.kl_div(..., reduction="batchmean")` divides a sum over all positions, padding included, by
+the batch size instead.
+
+Data (DistillSpec: train on what the target will really be asked): the target's own continuations of
+domain prompts, generated once and cached as jsonl of token ids; optionally the draft's own continuations
+(on-policy), labelled by the target. The loss covers the continuation tokens only.
+
+Soft labels: with `top_k`, each target distribution is kept as its top-k log-probabilities plus the log
+mass of the rest (one "other" outcome), computed once per example and reused every epoch; divergences are
+then taken on that coarsened (k+1)-outcome distribution, a lower bound of the full one. top_k=None uses the
+full target distribution, recomputed each step.
+
+The training loop is plain torch under `accelerate.Accelerator`: it runs on a CPU here and unchanged under
+`accelerate launch` on many GPUs (each process takes its share of every batch).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from .engine import autoregressive_generate, speculative_generate
+from .inputs import unwrap
+
+DIVERGENCES = ("forward_kl", "reverse_kl", "tv")
+
+
+# --- the loss -----------------------------------------------------------------------------------------------
+
+@dataclass
+class SoftLabels:
+    """The target's next-token distributions at temperature T, full or as top-k + the rest."""
+
+    log_probs: torch.Tensor  # [B, L, K] log-probabilities of the kept outcomes (K = V when full)
+    ids: torch.Tensor | None  # [B, L, K] vocabulary ids of the kept outcomes; None = all V ids in order
+    rest: torch.Tensor | None  # [B, L] log mass of the ids not kept; None when full
+
+
+@dataclass
+class LossParts:
+    """One loss value and its two terms (means over real tokens)."""
+
+    total: torch.Tensor  # (1 - a) * ce + a * scale * divergence, scalar with grad
+    ce: torch.Tensor  # cross-entropy of the draft on the hard labels (temperature 1)
+    divergence: torch.Tensor  # D(P_target || P_draft) at temperature T, before the T^2 scale
+
+
+def soft_labels(target_logits: torch.Tensor, temperature: float, top_k: int | None = None) -> SoftLabels:
+    """target_logits [B, L, V] -> SoftLabels at `temperature` (top-k + rest when top_k < V)."""
+    log_probs = F.log_softmax(target_logits.float() / temperature, dim=-1)  # [B, L, V]
+    if top_k is None or top_k >= log_probs.shape[-1]:
+        return SoftLabels(log_probs, None, None)
+    top, ids = log_probs.topk(top_k, dim=-1)  # [B, L, k]
+    return SoftLabels(top, ids, _log_rest(top))
+
+
+def _log_rest(kept_log_probs: torch.Tensor) -> torch.Tensor:
+    """[..., k] log-probs of kept outcomes -> [...] log(1 - their total mass), clamped away from log 0."""
+    kept = kept_log_probs.logsumexp(-1).clamp(max=-1e-6)
+    return torch.log(-torch.expm1(kept))
+
+
+def divergence(draft_logits: torch.Tensor, labels: SoftLabels, temperature: float, kind: str) -> torch.Tensor:
+    """Per-token D(P_target || P_draft) at `temperature`: [B, L, V] logits -> [B, L]."""
+    if kind not in DIVERGENCES:
+        raise ValueError(f"divergence must be one of {DIVERGENCES}, got {kind!r}")
+    draft_log_probs = F.log_softmax(draft_logits.float() / temperature, dim=-1)  # [B, L, V]
+    target_lp = labels.log_probs  # [B, L, K]
+    if labels.ids is None:
+        draft_lp = draft_log_probs
+    else:  # the (k+1)-outcome view: the kept ids and "the rest"
+        kept = draft_log_probs.gather(-1, labels.ids)  # [B, L, k]
+        draft_lp = torch.cat([kept, _log_rest(kept).unsqueeze(-1)], dim=-1)  # [B, L, k+1]
+        target_lp = torch.cat([target_lp, labels.rest.unsqueeze(-1)], dim=-1)
+    if kind == "forward_kl":
+        return (target_lp.exp() * (target_lp - draft_lp)).sum(-1)
+    if kind == "reverse_kl":
+        return (draft_lp.exp() * (draft_lp - target_lp)).sum(-1)
+    return 0.5 * (target_lp.exp() - draft_lp.exp()).abs().sum(-1)
+
+
+def distill_loss(draft_logits: torch.Tensor, labels: SoftLabels, hard_labels: torch.Tensor, mask: torch.Tensor,
+                 *, temperature: float = 2.0, alpha: float = 0.7, kind: str = "forward_kl") -> LossParts:
+    """(1 - a) CE + a T^2 D over the tokens where mask is true (T^2 only for the KLs).
+
+    draft_logits [..., V]; labels, hard_labels and mask over the same leading dims [...] (e.g. [B, L] or [N])."""
+    if not 0 <= alpha <= 1:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    mask = mask.float()
+    real = mask.sum().clamp_min(1.0)
+    vocab = draft_logits.shape[-1]
+    ce_per_token = F.cross_entropy(draft_logits.float().reshape(-1, vocab), hard_labels.clamp_min(0).reshape(-1),
+                                   reduction="none").reshape(hard_labels.shape)  # [...]
+    ce = (ce_per_token * mask).sum() / real
+    div = (divergence(draft_logits, labels, temperature, kind) * mask).sum() / real
+    scale = temperature**2 if kind != "tv" else 1.0
+    return LossParts((1 - alpha) * ce + alpha * scale * div, ce, div)
+
+
+def speculative_distill_loss(target_logits: torch.Tensor, draft_logits: torch.Tensor, labels: torch.Tensor,
+                             mask: torch.Tensor | None = None, temperature: float = 2.0, alpha: float = 0.7,
+                             kind: str = "forward_kl") -> torch.Tensor:
+    """Seed 000's function with a per-token mask: logits [B, L, V], labels [B, L] (-100 = padding)."""
+    if mask is None:
+        mask = labels != -100
+    parts = distill_loss(draft_logits, soft_labels(target_logits, temperature), labels, mask,
+                         temperature=temperature, alpha=alpha, kind=kind)
+    return parts.total
+
+
+# --- data ---------------------------------------------------------------------------------------------------
+
+@dataclass
+class Example:
+    """One training sequence: a prompt and a continuation of it."""
+
+    prompt_ids: list[int]  # the prompt (no loss on it)
+    completion_ids: list[int]  # the continuation the loss is taken on
+    source: str = "target"  # "target" (target-generated) or "draft" (on-policy: hard labels = target argmax)
+
+
+def generate_examples(model, prompts: list[list[int]], *, max_new_tokens: int, temperature: float = 0.0,
+                      seed: int = 0, source: str = "target") -> list[Example]:
+    """Continuations of `prompts` by `model` (greedy at temperature 0, else sampled), eos kept."""
+    examples = []
+    for i, prompt in enumerate(prompts):
+        result = autoregressive_generate(model, prompt, max_new_tokens=max_new_tokens, temperature=temperature,
+                                         seed=seed + i)
+        examples.append(Example(list(prompt), result.token_ids, source))
+    return examples
+
+
+def cached_examples(model, prompts: list[list[int]], cache_dir, *, max_new_tokens: int, temperature: float = 0.0,
+                    seed: int = 0, source: str = "target", model_name: str = "") -> list[Example]:
+    """`generate_examples`, stored once under cache_dir as jsonl (the key hashes every input)."""
+    key = hashlib.sha256(json.dumps([model_name, _fingerprint(model), prompts, max_new_tokens, temperature, seed,
+                                     source]).encode()).hexdigest()[:16]
+    path = Path(cache_dir) / f"{source}-continuations-{key}.jsonl"
+    if path.exists():
+        return load_examples(path)
+    examples = generate_examples(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
+                                 seed=seed, source=source)
+    save_examples(examples, path)
+    return examples
+
+
+def _fingerprint(model) -> list:
+    """Cheap identity of a model's weights: config name, sizes, and a few sums of its head."""
+    model, _ = unwrap(model, None)
+    head = model.get_output_embeddings().weight
+    return [type(model).__name__, list(head.shape), round(float(head[:64].detach().double().sum()), 4)]
+
+
+def save_examples(examples: list[Example], path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(asdict(e)) + "\n" for e in examples))
+
+
+def load_examples(path) -> list[Example]:
+    return [Example(**json.loads(line)) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+@dataclass
+class Batch:
+    """Right-padded training tensors."""
+
+    input_ids: torch.Tensor  # [B, L] prompt + continuation, padded with 0
+    attention_mask: torch.Tensor  # [B, L] 1 on real tokens
+    next_ids: torch.Tensor  # [B, L] the token after each position (-100 past the end)
+    loss_mask: torch.Tensor  # [B, L] true where position i predicts a continuation token
+    on_policy: torch.Tensor  # [B] true for draft-generated rows (hard labels = target argmax)
+
+
+def make_batch(examples: list[Example], device="cpu") -> Batch:
+    length = max(len(e.prompt_ids) + len(e.completion_ids) for e in examples)
+    input_ids = torch.zeros(len(examples), length, dtype=torch.long)
+    attention = torch.zeros(len(examples), length, dtype=torch.long)
+    next_ids = torch.full((len(examples), length), -100, dtype=torch.long)
+    loss_mask = torch.zeros(len(examples), length, dtype=torch.bool)
+    for row, e in enumerate(examples):
+        ids = torch.tensor(e.prompt_ids + e.completion_ids)
+        input_ids[row, :len(ids)], attention[row, :len(ids)] = ids, 1
+        next_ids[row, :len(ids) - 1] = ids[1:]
+        loss_mask[row, len(e.prompt_ids) - 1:len(ids) - 1] = True
+    on_policy = torch.tensor([e.source == "draft" for e in examples])
+    return Batch(*(t.to(device) for t in (input_ids, attention, next_ids, loss_mask, on_policy)))
+
+
+class TargetLabeller:
+    """Soft labels from the target for a batch; with top_k they are computed once per example and kept."""
+
+    def __init__(self, target_model, temperature: float, top_k: int | None):
+        self.target, self.temperature, self.top_k = target_model, temperature, top_k
+        self.kept: dict[int, tuple[SoftLabels, torch.Tensor]] = {}  # example index -> (labels [1,L,k], argmax [1,L])
+
+    @torch.no_grad()
+    def __call__(self, indices: list[int], batch: Batch) -> tuple[SoftLabels, torch.Tensor]:
+        """-> (SoftLabels [B, L, ...], target argmax ids [B, L])."""
+        if self.top_k is None:
+            logits = self._logits(batch.input_ids, batch.attention_mask)  # [B, L, V]
+            return soft_labels(logits, self.temperature), logits.argmax(-1)
+        missing = [(row, i) for row, i in enumerate(indices) if i not in self.kept]
+        for row, i in missing:
+            length = int(batch.attention_mask[row].sum())
+            logits = self._logits(batch.input_ids[row:row + 1, :length], batch.attention_mask[row:row + 1, :length])
+            self.kept[i] = (soft_labels(logits, self.temperature, self.top_k), logits.argmax(-1))
+        return self._pad([self.kept[i] for i in indices], batch.input_ids.shape[1])
+
+    def _logits(self, input_ids, attention_mask) -> torch.Tensor:
+        return self.target(input_ids=input_ids, attention_mask=attention_mask).logits.float()
+
+    def _pad(self, rows: list[tuple[SoftLabels, torch.Tensor]], length: int) -> tuple[SoftLabels, torch.Tensor]:
+        """Stack per-example labels, padding positions past each end (their loss is masked out)."""
+        def pad(t: torch.Tensor) -> torch.Tensor:  # [1, L_i, ...] -> [1, length, ...]
+            extra = length - t.shape[1]
+            return torch.cat([t, t[:, -1:].expand(1, extra, *t.shape[2:])], dim=1) if extra else t
+        log_probs = torch.cat([pad(r[0].log_probs) for r in rows])
+        ids = torch.cat([pad(r[0].ids) for r in rows])
+        rest = torch.cat([pad(r[0].rest) for r in rows])
+        argmax = torch.cat([pad(r[1]) for r in rows])
+        return SoftLabels(log_probs, ids, rest), argmax
+
+
+# --- evaluation ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Acceptance:
+    """Greedy speculative decoding of held-out prompts, pooled over the prompts."""
+
+    acceptance_rate: float  # α̂ = accepted / (accepted + rejections), pooled
+    mean_accepted_length: float  # tokens per target forward (incl. the target's token), pooled
+
+
+def held_out_acceptance(target, draft, prompts: list[list[int]], *, k: int = 4,
+                        max_new_tokens: int = 32) -> Acceptance:
+    """α̂ and mean accepted length of `draft` for `target` on `prompts` (greedy, k drafts per round)."""
+    accepted = rejections = rounds = 0
+    for prompt in prompts:
+        stats = speculative_generate(target, draft, prompt, k=k, max_new_tokens=max_new_tokens).stats
+        accepted, rejections, rounds = accepted + stats.accepted_tokens, rejections + stats.rejections, rounds + stats.rounds
+    return Acceptance(accepted / max(accepted + rejections, 1), 1 + accepted / max(rounds, 1))
+
+
+# --- training -----------------------------------------------------------------------------------------------
+
+@dataclass
+class DistillConfig:
+    """Hyper-parameters of one distillation run."""
+
+    steps: int = 200  # optimizer steps (each over grad_accum micro-batches)
+    lr: float = 1e-4  # AdamW learning rate (constant)
+    batch_size: int = 4  # sequences per micro-batch
+    grad_accum: int = 1  # micro-batches per optimizer step
+    temperature: float = 2.0  # T of the soft labels and the T^2 factor
+    alpha: float = 0.7  # weight of the divergence term; 1 - alpha on cross-entropy
+    divergence: str = "forward_kl"  # "forward_kl" (seed 000), "reverse_kl" or "tv"
+    top_k: int | None = 64  # soft labels kept per position (None = full distribution every step)
+    max_grad_norm: float = 1.0  # gradient clipping
+    eval_every: int = 50  # steps between held-out acceptance evaluations (0 = only at start and end)
+    eval_k: int = 4  # draft length of the evaluation
+    eval_max_new_tokens: int = 32  # tokens generated per evaluation prompt
+    checkpoint_every: int = 100  # steps between checkpoints (when a checkpoint_dir is given)
+    seed: int = 0  # batch order
+
+
+@dataclass
+class DistillReport:
+    """What a run did and measured (JSON-able)."""
+
+    config: dict  # the DistillConfig used
+    examples: int  # training sequences
+    train_tokens: int  # continuation tokens the loss covers, over the data set
+    steps_done: int  # optimizer steps completed (a resumed run counts the earlier ones)
+    losses: list[dict] = field(default_factory=list)  # per step: step, loss, ce, divergence
+    evals: list[dict] = field(default_factory=list)  # step, acceptance_rate, mean_accepted_length
+    wall_time_s: float = 0.0  # time of this run (a resumed run: since resuming)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+Progress = Callable[[int, int, dict], None]  # (step, steps, latest loss record)
+
+
+def distill(target, draft, data: list[Example], *, config: DistillConfig = DistillConfig(),
+            eval_prompts: list[list[int]] = (), checkpoint_dir=None, resume: bool = False,
+            progress: Progress | None = None) -> DistillReport:
+    """Train `draft` (in place) towards `target` on `data`; returns the loss curve and held-out acceptance."""
+    from accelerate import Accelerator
+
+    if not data:
+        raise ValueError("no training examples: give prompts the target can continue")
+    if config.divergence not in DIVERGENCES:
+        raise ValueError(f"divergence must be one of {DIVERGENCES}, got {config.divergence!r}")
+    target_model, _ = unwrap(target, None)
+    draft_model, _ = unwrap(draft, None)
+    accelerator = Accelerator(gradient_accumulation_steps=config.grad_accum)
+    target_model.to(accelerator.device).eval()
+    optimizer = torch.optim.AdamW([p for p in draft_model.parameters() if p.requires_grad], lr=config.lr)
+    report = DistillReport(asdict(config), len(data), sum(len(e.completion_ids) for e in data), 0)
+    checkpoint = Path(checkpoint_dir) if checkpoint_dir else None
+    if resume and checkpoint is not None and (checkpoint / STATE_FILE).exists():
+        report = _load_checkpoint(checkpoint, draft_model, optimizer)
+    trained, optimizer = accelerator.prepare(draft_model, optimizer)
+    labeller = TargetLabeller(target_model, config.temperature, config.top_k)
+    start = time.perf_counter()
+    if not report.evals:
+        _evaluate(accelerator, target_model, trained, eval_prompts, config, report)
+    for step in range(report.steps_done + 1, config.steps + 1):
+        trained.train()
+        record = _step(accelerator, trained, optimizer, labeller, data, step, config)
+        report.losses.append(record)
+        report.steps_done = step
+        if config.eval_every and step % config.eval_every == 0 or step == config.steps:
+            _evaluate(accelerator, target_model, trained, eval_prompts, config, report)
+        if checkpoint is not None and (step % config.checkpoint_every == 0 or step == config.steps):
+            report.wall_time_s = time.perf_counter() - start
+            _save_checkpoint(checkpoint, accelerator, trained, optimizer, report)
+        if progress is not None:
+            progress(step, config.steps, record)
+    trained.eval()
+    report.wall_time_s = time.perf_counter() - start
+    return report
+
+
+def _step(accelerator, draft, optimizer, labeller, data, step: int, config: DistillConfig) -> dict:
+    """One optimizer step over grad_accum micro-batches; returns the mean loss parts."""
+    sums = {"loss": 0.0, "ce": 0.0, "divergence": 0.0}
+    for micro in range(config.grad_accum):
+        indices = _batch_indices(len(data), config, step, micro, accelerator)
+        batch = make_batch([data[i] for i in indices], accelerator.device)
+        with accelerator.accumulate(draft):
+            labels, target_argmax = labeller(indices, batch)
+            hard = torch.where(batch.on_policy[:, None], target_argmax, batch.next_ids)  # [B, L]
+            logits = _loss_position_logits(draft, batch)  # [N, V]: N = loss positions of the batch
+            keep = batch.loss_mask
+            parts = distill_loss(logits, _select(labels, keep), hard[keep], torch.ones_like(hard[keep]),
+                                 temperature=config.temperature, alpha=config.alpha, kind=config.divergence)
+            accelerator.backward(parts.total)
+            if accelerator.sync_gradients:
+                accelerator.clip_grad_norm_(draft.parameters(), config.max_grad_norm)
+            optimizer.step()
+            optimizer.zero_grad()
+        for name, value in zip(sums, (parts.total, parts.ce, parts.divergence)):
+            sums[name] += float(value.detach()) / config.grad_accum
+    return {"step": step} | sums
+
+
+def _loss_position_logits(draft, batch: Batch) -> torch.Tensor:
+    """Draft logits [N, V] at the N loss positions (row-major order of batch.loss_mask). The LM head
+    ([V, H], the largest matmul for a 150k vocabulary) skips the prompt columns via `logits_to_keep`."""
+    columns = batch.loss_mask.any(0).nonzero().squeeze(1)  # [K] sequence positions some row needs
+    logits = draft(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                   logits_to_keep=columns).logits  # [B, K, V]
+    return logits[batch.loss_mask[:, columns]]
+
+
+def _select(labels: SoftLabels, keep: torch.Tensor) -> SoftLabels:
+    """SoftLabels [B, L, ...] -> [N, ...] at the positions where keep [B, L] is true."""
+    return SoftLabels(*(None if t is None else t[keep] for t in (labels.log_probs, labels.ids, labels.rest)))
+
+
+def _batch_indices(n: int, config: DistillConfig, step: int, micro: int, accelerator) -> list[int]:
+    """Example indices of one micro-batch: a function of (seed, step, micro) so a resumed run sees the same
+    batches; each process of a multi-process launch takes its slice."""
+    generator = torch.Generator().manual_seed(config.seed * 1_000_003 + step * 997 + micro)
+    chosen = torch.randint(n, (config.batch_size * accelerator.num_processes,), generator=generator).tolist()
+    return chosen[accelerator.process_index::accelerator.num_processes]
+
+
+def _evaluate(accelerator, target_model, trained, prompts, config: DistillConfig, report: DistillReport) -> None:
+    if not prompts or not accelerator.is_main_process:
+        return
+    draft_model = accelerator.unwrap_model(trained).eval()
+    result = held_out_acceptance(target_model, draft_model, list(prompts), k=config.eval_k,
+                                 max_new_tokens=config.eval_max_new_tokens)
+    report.evals.append({"step": report.steps_done} | asdict(result))
+
+
+STATE_FILE = "trainer_state.json"
+
+
+def _save_checkpoint(folder: Path, accelerator, trained, optimizer, report: DistillReport) -> None:
+    """Draft weights (safetensors), optimizer state, and the report so far."""
+    from safetensors.torch import save_model
+
+    if not accelerator.is_main_process:
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    save_model(accelerator.unwrap_model(trained), str(folder / "draft.safetensors"))
+    torch.save(optimizer.state_dict(), folder / "optimizer.pt")
+    (folder / STATE_FILE).write_text(json.dumps(report.to_dict()))
+
+
+def _load_checkpoint(folder: Path, draft_model, optimizer) -> DistillReport:
+    """Restore what `_save_checkpoint` wrote (the optimizer file is read with weights_only=True)."""
+    from safetensors.torch import load_model
+
+    load_model(draft_model, str(folder / "draft.safetensors"))
+    optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
+    return DistillReport(**json.loads((folder / STATE_FILE).read_text()))
+
+
+def summary(report: DistillReport) -> dict:
+    """First and last held-out acceptance and the last loss, for tables."""
+    first, last = (report.evals[0], report.evals[-1]) if report.evals else ({}, {})
+    return {"acceptance_before": first.get("acceptance_rate", math.nan),
+            "acceptance_after": last.get("acceptance_rate", math.nan),
+            "final_loss": report.losses[-1]["loss"] if report.losses else math.nan}
