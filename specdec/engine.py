@@ -19,6 +19,7 @@ import torch
 from .drafters import Drafter, ModelDrafter, NoDraft, Proposal, SamplingPolicy
 from .inputs import check_vocabularies, prepare_prompt, resolve_eos, unwrap
 from .kv import CachedLM
+from .schedule import AdaptiveK, FixedK
 from .trace import DecodeStats, GenerationResult, Round
 from .verify import Verdict, verify_greedy, verify_sampling
 
@@ -32,7 +33,7 @@ def speculative_generate(
     draft,
     input_ids,
     *,
-    k: int = 4,
+    k: int | str = 4,
     max_new_tokens: int = 128,
     temperature: float = 0.0,
     top_p: float = 1.0,
@@ -43,17 +44,21 @@ def speculative_generate(
 ) -> GenerationResult:
     """Generate with `draft` proposing k tokens per round and `target` verifying them.
 
+    k: draft length per round, 1..K_MAX, or "auto" (adapted each round from the measured acceptance
+    and cost, rule in `specdec.schedule`).
+
     target: a transformers causal LM (or a `specdec.LoadedModel`); draft: a causal LM sharing the
     target's tokenizer, or any `Drafter`. input_ids: LongTensor [1, T], list[int], or a string when
     a tokenizer is given or attached. Greedy output (temperature 0) is token-identical to the target
     alone; with temperature > 0 the output law is the target's (lossless rejection sampling).
     on_round(round) is called after each round; returning False stops the generation.
     """
-    if not isinstance(k, int) or not 1 <= k <= K_MAX:
-        raise ValueError(f"k must be an integer in 1..{K_MAX}, got {k!r}")
+    schedule = AdaptiveK() if k == "auto" else FixedK(k)
+    if k != "auto" and (not isinstance(k, int) or not 1 <= k <= K_MAX):
+        raise ValueError(f"k must be an integer in 1..{K_MAX} or 'auto', got {k!r}")
     target_model, tokenizer = unwrap(target, tokenizer)
     drafter = as_drafter(draft, target_model)
-    return _generate(target_model, drafter, input_ids, k, max_new_tokens, temperature, top_p, seed,
+    return _generate(target_model, drafter, input_ids, schedule, max_new_tokens, temperature, top_p, seed,
                      eos_token_id, on_round, tokenizer)
 
 
@@ -71,7 +76,7 @@ def autoregressive_generate(
 ) -> GenerationResult:
     """The target alone, one token per forward, with the same KV cache and sampling code."""
     target_model, tokenizer = unwrap(target, tokenizer)
-    return _generate(target_model, NoDraft(), input_ids, 0, max_new_tokens, temperature, top_p, seed,
+    return _generate(target_model, NoDraft(), input_ids, FixedK(0), max_new_tokens, temperature, top_p, seed,
                      eos_token_id, on_round, tokenizer)
 
 
@@ -86,9 +91,9 @@ def as_drafter(draft, target_model) -> Drafter:
     return ModelDrafter(draft_model)
 
 
-def _generate(target_model, drafter, input_ids, k, max_new_tokens, temperature, top_p, seed,
+def _generate(target_model, drafter, input_ids, schedule, max_new_tokens, temperature, top_p, seed,
               eos_token_id, on_round, tokenizer) -> GenerationResult:
-    prompt = prepare_prompt(input_ids, target_model, tokenizer, max_new_tokens, k)
+    prompt = prepare_prompt(input_ids, target_model, tokenizer, max_new_tokens, schedule.k_max)
     policy = _policy(target_model, temperature, top_p, seed)
     eos = resolve_eos(target_model, eos_token_id)
     verifier = CachedLM(target_model)
@@ -98,15 +103,16 @@ def _generate(target_model, drafter, input_ids, k, max_new_tokens, temperature, 
     rounds: list[Round] = []
     stopped_early = False
     while len(emitted) < max_new_tokens and not (emitted and emitted[-1] in eos):
-        n = min(k, max_new_tokens - len(emitted) - 1)  # leave room for the target's token
+        n = min(schedule.next_k(), max_new_tokens - len(emitted) - 1)  # leave room for the target's token
         round_ = _round(verifier, drafter, prompt + emitted, n, policy, eos)
+        schedule.observe(round_)
         rounds.append(round_)
         emitted.extend(round_.emitted_token_ids)
         if on_round is not None and on_round(round_) is False:
             stopped_early = True
             break
     stats = DecodeStats.from_rounds(
-        rounds, k, prefill_time_s=prefill_time, wall_time_s=time.perf_counter() - start,
+        rounds, schedule.reported_k(rounds), prefill_time_s=prefill_time, wall_time_s=time.perf_counter() - start,
         target_forwards=verifier.forwards, draft_forwards=getattr(drafter, "forwards", 0))
     text = tokenizer.decode(emitted, skip_special_tokens=True) if tokenizer is not None else None
     return GenerationResult(emitted, rounds, stats, text, stopped_early)

@@ -163,3 +163,28 @@ def test_vocabulary_mismatch_is_refused():
     foreign = tiny_model("llama", seed=1, vocab_size=300)
     with pytest.raises(ValueError, match="vocabulary mismatch.*align"):
         speculative_generate(target, foreign, PROMPT, k=2, max_new_tokens=4)
+
+
+def test_k_auto_is_lossless(models):
+    for draft in ("self", "unrelated"):
+        result = speculative_generate(models["target"], models[draft], PROMPT, k="auto", max_new_tokens=37,
+                                      eos_token_id=[])
+        assert result.token_ids == models["expected_37"]
+
+
+def synthetic_round(num_drafted, num_accepted, draft_time, target_time):
+    from specdec.trace import Round
+    return Round([0] * num_drafted, [], [], [True] * num_accepted + [False] * (num_drafted - num_accepted),
+                 num_accepted, 0, [], draft_time, target_time, num_drafted)
+
+
+def test_k_auto_follows_the_optimal_k_of_what_it_measured():
+    from specdec import theory
+    from specdec.schedule import K_AUTO_START, AdaptiveK
+    cheap_and_good, costly_and_poor = AdaptiveK(), AdaptiveK()
+    assert cheap_and_good.next_k() == K_AUTO_START
+    for _ in range(20):
+        cheap_and_good.observe(synthetic_round(4, 4, draft_time=4 * 0.01, target_time=1.0))  # c = 0.01
+        costly_and_poor.observe(synthetic_round(4, 0, draft_time=4 * 0.5, target_time=1.0))  # c = 0.5
+    assert cheap_and_good.next_k() == theory.optimal_k(81 / 82, 0.01, 10) == 10
+    assert costly_and_poor.next_k() == theory.optimal_k(1 / 22, 0.5, 10) == 1
