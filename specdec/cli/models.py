@@ -1,0 +1,51 @@
+"""`python -m specdec models`: the model catalogue and what is ready here; `--prepare` gets models ready."""
+from __future__ import annotations
+
+import json
+import time
+
+from ..models import cache_root, catalogue
+from ..models.loading import prepare
+
+COLUMNS = ("name", "roles", "tokenizer", "parameters", "licence", "status")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("models", help="list catalogue models and whether each is ready offline")
+    p.add_argument("--prepare", nargs="+", metavar="NAME",
+                   help="assemble and convert these models (catalogue names, folders, .gguf files) ahead of time")
+    p.add_argument("--dtype", nargs="+", choices=("float32", "bfloat16"), default=["float32", "bfloat16"],
+                   help="dtypes to prepare (default: both)")
+    p.add_argument("--json", action="store_true", help="print the catalogue as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    for name in args.prepare or []:
+        for dtype in args.dtype:
+            start = time.perf_counter()
+            folder, source = prepare(name, dtype=dtype)
+            print(f"{name} [{dtype}]: ready from {source} in {time.perf_counter() - start:.1f} s ({folder})")
+    entries = catalogue()
+    if args.json:
+        print(json.dumps([_row(e) | {"sources": e.sources, "detail": e.detail} for e in entries], indent=1))
+        return 0
+    print(_table([_row(e) for e in entries]))
+    print(f"\ncache: {cache_root()}")
+    for entry in entries:
+        if entry.status != "ready":
+            print(f"- {entry.name}: {entry.detail}")
+    return 0
+
+
+def _row(entry) -> dict:
+    role = "/".join(entry.roles) + (f" (default {entry.default_for})" if entry.default_for else "")
+    return {"name": entry.name, "roles": role, "tokenizer": entry.tokenizer, "parameters": entry.parameters,
+            "licence": entry.licence, "status": entry.status}
+
+
+def _table(rows: list[dict]) -> str:
+    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in COLUMNS}
+    lines = ["  ".join(c.ljust(widths[c]) for c in COLUMNS)]
+    lines += ["  ".join(str(r[c]).ljust(widths[c]) for c in COLUMNS) for r in rows]
+    return "\n".join(lines)

@@ -1,0 +1,216 @@
+"""`load_model(spec)`: a causal LM and its tokenizer from a catalogue name, folder, GGUF or hub id.
+
+Specs, tried in this order:
+- a catalogue name (`python -m specdec models` lists them): converted cache, installed package
+  (GGUF chunks, assembled and converted once), Hugging Face hub, ModelScope;
+- a local folder with a transformers checkpoint (safetensors only);
+- a `.gguf` file (converted once into the cache);
+- `modelscope:org/name`, or a Hugging Face id `org/name` / `hf:org/name` (local cache first;
+  a download only when the service is reachable, else a fast ValueError saying what to do).
+Only safetensors are read (pickled checkpoints can run code) and `trust_remote_code` is off
+unless asked for.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import cache, convert, entries, hub
+from .cache import Progress
+from .pair import check_pair
+from .speed import apply_speed_levers
+
+HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+
+
+@dataclass
+class LoadedModel:
+    """A loaded causal LM with everything needed to run and describe it."""
+
+    name: str  # catalogue name, or the spec as given
+    model: torch.nn.Module  # the causal LM, in eval mode
+    tokenizer: object  # its transformers tokenizer
+    source: str  # where the weights were read from this time: cache/package/folder/gguf/hub/modelscope
+    path: Path  # the local folder (or .gguf file) the weights came from
+    dtype: str  # "float32" or "bfloat16"
+    device: str = "cpu"  # torch device the weights live on
+    load_seconds: float = 0.0  # wall time of this load, assembly and conversion included
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of parameters and buffers (what the pool's budget counts)."""
+        tensors = list(self.model.parameters()) + list(self.model.buffers())
+        unique = {t.data_ptr(): t.numel() * t.element_size() for t in tensors}  # tied weights count once
+        return sum(unique.values())
+
+
+def resolve_device(device: str = "auto") -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise ValueError(f"device must be auto, cpu or cuda[:N], got {device!r}")
+    return device
+
+
+def resolve_dtype(dtype="auto", device: str = "cpu") -> str:
+    """"float32" or "bfloat16". "auto" is float32 on CPU and bfloat16 on a GPU; README "## Models" says why."""
+    names = {torch.float32: "float32", torch.bfloat16: "bfloat16", "fp32": "float32", "bf16": "bfloat16"}
+    dtype = names.get(dtype, dtype)
+    if dtype == "auto":
+        return "float32" if device == "cpu" else "bfloat16"
+    if dtype not in convert.TORCH_DTYPES:
+        raise ValueError(f"dtype must be auto, float32 or bfloat16, got {dtype!r}")
+    return dtype
+
+
+def load_model(spec: str, *, dtype="auto", device: str = "auto", trust_remote_code: bool = False,
+               progress: Progress | None = None) -> LoadedModel:
+    """Load `spec` (see the module docstring) as a LoadedModel in eval mode."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError("a model spec must be a non-empty string: a catalogue name "
+                         f"({', '.join(entries.names())}), a folder, a .gguf file or a hub id")
+    start = time.perf_counter()
+    device = resolve_device(device)
+    dtype = resolve_dtype(dtype, device)
+    name, folder, source = _resolve(spec.strip(), dtype, progress)
+    model, tokenizer = _from_folder(folder, dtype, device, trust_remote_code)
+    apply_speed_levers(model)
+    return LoadedModel(name, model, tokenizer, source, folder, dtype, device, time.perf_counter() - start)
+
+
+def prepare(spec: str, *, dtype="auto", device: str = "auto", progress: Progress | None = None) -> tuple[Path, str]:
+    """Make `spec` loadable offline in about a second (assemble, convert or download) without loading it.
+
+    Returns (local folder, source it came from)."""
+    _, folder, source = _resolve(spec.strip(), resolve_dtype(dtype, resolve_device(device)), progress)
+    return folder, source
+
+
+def _resolve(spec: str, dtype: str, progress: Progress | None) -> tuple[str, Path, str]:
+    """(name, local folder with a safetensors checkpoint, source) for `spec`."""
+    entry = entries.find(spec)
+    if entry is not None:
+        return (entry.name, *_resolve_entry(entry, dtype, progress))
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path.name, path, "folder"
+    if path.suffix.lower() == ".gguf":
+        if not path.is_file():
+            raise ValueError(f"GGUF file not found: {path}")
+        return path.stem, *_convert_gguf_file(path, dtype, progress)
+    if spec.startswith("modelscope:"):
+        model_id = spec.removeprefix("modelscope:")
+        return model_id, hub.download_modelscope(model_id), "modelscope"
+    repo_id = spec.removeprefix("hf:")
+    if HUB_ID.match(repo_id):
+        return repo_id, hub.download_hub(repo_id), "hub"
+    raise ValueError(f"unknown model {spec!r}: give a catalogue name ({', '.join(entries.names())}), a local "
+                     "folder, a .gguf file, a Hugging Face id org/name (or hf:org/name), or modelscope:org/name")
+
+
+def _resolve_entry(entry: entries.CatalogueEntry, dtype: str, progress: Progress | None) -> tuple[Path, str]:
+    """Try the entry's sources in order: cache, package, local hub caches, then downloads."""
+    if dtype in cache.converted_dtypes(entry.name):
+        return cache.converted_dir(entry.name, dtype), "cache"
+    if entry.package and entry.package.installed():
+        gguf = lambda: _assembled(entry.package, progress)  # noqa: E731 - called only when converting
+        fresh = not cache.converted_dtypes(entry.name)
+        return convert.ensure_converted(entry.name, dtype, gguf, progress), "package" if fresh else "cache"
+    if entry.hub_id and (folder := hub.cached_snapshot(entry.hub_id)):
+        return folder, "hub"
+    if entry.modelscope_id and (folder := hub.modelscope_cached(entry.modelscope_id)):
+        return folder, "modelscope"
+    reasons = []
+    for source, fetch, model_id in (("hub", hub.download_hub, entry.hub_id),
+                                    ("modelscope", hub.download_modelscope, entry.modelscope_id)):
+        if model_id:
+            try:
+                return fetch(model_id), source
+            except ValueError as error:
+                reasons.append(str(error))
+    raise ValueError(f"{entry.name} is not available on this machine. To get it: {entry.how_to_get()}. "
+                     + " ".join(reasons))
+
+
+def _assembled(package: entries.PackageSource, progress: Progress | None) -> Path:
+    """The package's GGUF in the cache, assembled from its chunks (sha256-verified) if not there yet."""
+    destination = cache.gguf_path(package.gguf)
+    if destination.is_file():
+        return destination
+    return cache.assemble([p for p in package.chunk_paths() if p is not None], package.sha256, destination, progress)
+
+
+def _convert_gguf_file(path: Path, dtype: str, progress: Progress | None) -> tuple[Path, str]:
+    """A user's .gguf: cached under a key naming the file and its identity (path, size, mtime)."""
+    stat = path.stat()
+    identity = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
+    key = f"{path.stem}-{hashlib.sha256(identity).hexdigest()[:12]}"
+    fresh = not cache.converted_dtypes(key)
+    return convert.ensure_converted(key, dtype, lambda: path, progress), "gguf" if fresh else "cache"
+
+
+def _from_folder(folder: Path, dtype: str, device: str, trust_remote_code: bool):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not any(folder.glob("*.safetensors")):
+        raise ValueError(f"{folder} has no *.safetensors weights: specdec loads safetensors only (pickled .bin "
+                         "checkpoints can run code). Convert it with save_pretrained(safe_serialization=True)")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, dtype=convert.TORCH_DTYPES[dtype], use_safetensors=True, trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
+    except OSError as error:
+        raise ValueError(f"cannot load a causal LM and tokenizer from {folder}: {error}") from error
+    return model.to(device).eval(), tokenizer
+
+
+def add_model_arguments(parser) -> None:
+    """`--target` (required) and `--dtype` on an argparse parser."""
+    parser.add_argument("--target", required=True,
+                        help=f"target model: catalogue name (default pair: {entries.default_name('target')} + "
+                             f"{entries.default_name('draft')}), local folder, .gguf file, hub id org/name, "
+                             "or modelscope:org/name")
+    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
+                        help="weights dtype; auto = float32 on CPU (exact greedy equality), bfloat16 on GPU")
+
+
+def load_draft(spec: str, target: LoadedModel, *, dtype="auto", bridge="auto", device: str = "auto",
+               pool=None, progress: Progress | None = None):
+    """A draft for `target`: a LoadedModel, or a Drafter when the spec or the tokenizers call for one.
+
+    - "lookup": prompt-lookup drafting (no model); "self:L": the target's first L layers (self-speculation);
+    - a model spec (see `load_model`); dtype "auto" follows the target's. bridge="auto" wraps a draft
+      whose tokenizer differs from the target's in the text bridge, True always does, False never does
+      (the engine then refuses a mismatched vocabulary; the "naive" teaching mode wants exactly that).
+    `pool` (a ModelPool) loads through the pool instead of directly.
+    """
+    if spec == "lookup":
+        from ..lookup import PromptLookupDraft
+
+        return PromptLookupDraft()
+    if isinstance(spec, str) and spec.startswith("self:"):
+        from ..selfspec import SelfSpeculativeDraft
+
+        return SelfSpeculativeDraft(target.model, layers=_self_layers(spec))
+    if bridge not in ("auto", True, False):
+        raise ValueError(f"bridge must be 'auto', True or False, got {bridge!r}")
+    dtype = target.dtype if dtype == "auto" else dtype
+    load = pool.get if pool is not None else load_model
+    draft = load(spec, dtype=dtype, device=device, progress=progress)
+    if bridge is False or (bridge == "auto" and check_pair(target, draft).kind != "different"):
+        return draft
+    from ..bridge import TextBridgeDrafter
+
+    return TextBridgeDrafter(draft, target.tokenizer)
+
+
+def _self_layers(spec: str) -> int:
+    value = spec.removeprefix("self:")
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{spec!r}: self-speculation needs a positive number of target layers, e.g. self:8")
+    return int(value)
