@@ -56,7 +56,7 @@ TINY_CORPUS = (  # text the tiny tokenizers are trained on (code, finance, prose
 )
 
 
-def tiny_tokenizer(kind: str = "bytelevel", vocab_size: int = 400, corpus=TINY_CORPUS):
+def tiny_bpe_tokenizer(kind: str = "bytelevel", vocab_size: int = 400, corpus=TINY_CORPUS):
     """A BPE tokenizer trained in code: "bytelevel" (GPT-2/Qwen style, Ġ for spaces) or "metaspace"
     (SentencePiece/Llama style, ▁ for spaces). Ids 0, 1, 2 are <pad>, <s>, </s> (as in `tiny_config`)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
