@@ -6,12 +6,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from specdec import autoregressive_generate, speculative_generate
 from specdec.align import (compare_words, format_report, piece_sources, save_aligned, shared_token_map,
                            token_texts, tokenizer_report, transplant_vocabulary)
-from specdec.testing import TINY_CORPUS, tiny_model, tiny_tokenizer
+from specdec.testing import TINY_CORPUS, tiny_model, tiny_bpe_tokenizer
 
 
 @pytest.fixture(scope="module")
 def tokenizers():
-    return tiny_tokenizer("bytelevel", 400), tiny_tokenizer("metaspace", 300)
+    return tiny_bpe_tokenizer("bytelevel", 400), tiny_bpe_tokenizer("metaspace", 300)
 
 
 def test_report_of_a_tokenizer_with_itself(tokenizers):
@@ -88,8 +88,8 @@ def test_new_tokens_are_the_mean_of_their_pieces(tokenizers, transplanted):
 
 
 def test_index_and_string_methods_differ_when_orders_differ():
-    target_tok = tiny_tokenizer("bytelevel", 400)
-    draft_tok = tiny_tokenizer("bytelevel", 360, corpus=TINY_CORPUS[2:])  # same family, other merges
+    target_tok = tiny_bpe_tokenizer("bytelevel", 400)
+    draft_tok = tiny_bpe_tokenizer("bytelevel", 360, corpus=TINY_CORPUS[2:])  # same family, other merges
     shared = shared_token_map(target_tok, draft_tok)
     moved = [(t, d) for t, d in shared.items() if t != d]
     assert moved

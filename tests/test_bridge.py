@@ -5,7 +5,7 @@ from transformers import PreTrainedTokenizerFast
 
 from specdec import autoregressive_generate, speculative_generate
 from specdec.bridge import NaiveCrossVocabDrafter, TextBridgeDrafter, cross_vocab_drafter
-from specdec.testing import tiny_model, tiny_tokenizer
+from specdec.testing import tiny_model, tiny_bpe_tokenizer
 
 PROMPT = "def price(option, curve):\n    return"
 
@@ -20,7 +20,7 @@ def word_tokenizer(words: int = 60) -> PreTrainedTokenizerFast:
 
 @pytest.fixture(scope="module")
 def pair():
-    target_tok, draft_tok = tiny_tokenizer("bytelevel", 400), tiny_tokenizer("metaspace", 300)
+    target_tok, draft_tok = tiny_bpe_tokenizer("bytelevel", 400), tiny_bpe_tokenizer("metaspace", 300)
     target = tiny_model("llama", seed=0, vocab_size=len(target_tok))
     draft = tiny_model("qwen2", seed=1, vocab_size=len(draft_tok))
     return target, target_tok, draft, draft_tok
