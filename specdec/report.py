@@ -55,3 +55,20 @@ def format_table(rows: list[dict]) -> str:
 
 def format_stats(stats: DecodeStats) -> str:
     return "\n".join(f"{label}: {fmt.format(getattr(stats, name))}" for name, label, fmt in STAT_LINES)
+
+
+def baseline_lines(result: GenerationResult, baseline: GenerationResult, greedy: bool) -> list[str]:
+    """Measured speedup over the target alone and, when greedy, whether the outputs agree."""
+    from .bench import first_divergence
+
+    speedup = result.stats.tokens_per_s / baseline.stats.tokens_per_s if baseline.stats.tokens_per_s else 0.0
+    lines = [f"target alone: {baseline.stats.tokens_per_s:.2f} tokens/s; measured speedup: {speedup:.2f}x"]
+    divergence = first_divergence(result.token_ids, baseline.token_ids)
+    if not greedy:
+        lines.append("sampling: outputs differ run to run; the law is the target's (see tests/test_sampling.py)")
+    elif divergence is None:
+        lines.append("output identical to the target alone")
+    else:
+        lines.append(f"output differs from the target alone from token {divergence} on "
+                     "(a near-tie rounded differently by batched low-precision verification)")
+    return lines

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, Qwen2Config
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config
 
 ARCHITECTURES = ("llama", "qwen2", "gpt2")
+WORDS = "def return if else for while in range print the a of to and is".split()
 
 
 def tiny_config(arch: str = "llama", vocab_size: int = 128, layers: int = 2, hidden: int = 64,
@@ -79,3 +82,21 @@ def tiny_bpe_tokenizer(kind: str = "bytelevel", vocab_size: int = 400, corpus=TI
                                   show_progress=False)
     backend.train_from_iterator(list(corpus) * 4, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+
+
+def tiny_tokenizer(words: list[str] = WORDS) -> PreTrainedTokenizerFast:
+    """A whitespace word-level tokenizer with <pad>/<s>/</s>/<unk> at ids 0..3 (the tiny models' specials)."""
+    vocab = {token: i for i, token in enumerate(["<pad>", "<s>", "</s>", "<unk>", *words])}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>",
+                                   eos_token="</s>", unk_token="<unk>")
+
+
+def tiny_folder(path: Path, seed: int = 0, words: list[str] = WORDS, extra_rows: int = 0,
+                arch: str = "llama") -> Path:
+    """Save a tiny model and its tokenizer as an HF folder (safetensors); `extra_rows` pads the embeddings."""
+    tokenizer = tiny_tokenizer(words)
+    tiny_model(arch, seed, vocab_size=len(tokenizer) + extra_rows).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return Path(path)

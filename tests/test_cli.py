@@ -1,0 +1,62 @@
+"""`python -m specdec generate` on tiny HF folders: table, stats, JSON, baseline check, clear errors."""
+import json
+
+import pytest
+
+from specdec.cli import main
+from specdec.testing import tiny_folder
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    return tiny_folder(root / "target", seed=0), tiny_folder(root / "draft", seed=0)
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def last_line(text: str) -> str:
+    return text.strip().splitlines()[-1]
+
+
+def test_generate_prints_round_table_stats_and_baseline(folders, capsys):
+    target, draft = folders
+    code, out, _ = run(capsys, "generate", "--target", str(target), "--draft", str(draft), "--prompt",
+                       "def print the", "--k", "3", "--max-new-tokens", "12", "--baseline")
+    assert code == 0
+    assert "round | matches" in out and "[T,T,T]" in out  # draft = target: everything accepted
+    assert "acceptance rate α̂" in out and "cost-aware bound" in out
+    assert "output identical to the target alone" in out
+
+
+def test_generate_json_is_the_whole_result(folders, capsys):
+    target, draft = folders
+    code, out, _ = run(capsys, "generate", "--target", str(target), "--draft", str(draft), "--prompt",
+                       "def print the", "--k", "auto", "--max-new-tokens", "9", "--json")
+    data = json.loads(out)
+    assert code == 0 and len(data["token_ids"]) == 9
+    assert sum(len(r["emitted_token_ids"]) for r in data["rounds"]) == 9
+    assert data["stats"]["acceptance_rate"] == 1.0
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--k", "0"], "k must be"),
+    (["--max-new-tokens", "0"], "max_new_tokens"),
+    (["--prompt", ""], "empty prompt"),
+])
+def test_bad_input_is_one_clear_line(folders, capsys, extra, message):
+    target, draft = folders
+    argv = ["generate", "--target", str(target), "--draft", str(draft), "--prompt", "def the", *extra]
+    code, _, err = run(capsys, *argv)
+    assert code == 1 and last_line(err).startswith("error: ") and message in last_line(err) and "Traceback" not in err
+
+
+def test_unknown_model_is_a_clear_error(folders, capsys, tmp_path):
+    _, draft = folders
+    code, _, err = run(capsys, "generate", "--target", str(tmp_path / "nowhere"), "--draft", str(draft),
+                       "--prompt", "def")
+    assert code == 1 and last_line(err).startswith("error: ")
