@@ -1,0 +1,14 @@
+"""specdec dashboard: `python app.py` (also the Hugging Face Space entry point, see README front matter).
+
+Configuration by environment variables (SPECDEC_HOST, SPECDEC_PORT, SPECDEC_ALLOWED_MODELS,
+SPECDEC_ALLOW_CUSTOM_MODELS, SPECDEC_MAX_NEW_TOKENS, SPECDEC_CONCURRENCY, SPECDEC_DTYPE,
+SPECDEC_TARGET, SPECDEC_DRAFT): see ui/config.py.
+"""
+from ui.config import AppConfig
+from ui.layout import build_demo, launch_options
+
+config = AppConfig.from_env()
+demo = build_demo(config)
+
+if __name__ == "__main__":
+    demo.launch(**launch_options(config))

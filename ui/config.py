@@ -1,0 +1,96 @@
+"""Dashboard configuration: one dataclass, read from environment variables (12-factor style).
+
+Every knob a host needs (a laptop, a free CPU Hugging Face Space) is an environment variable:
+
+| variable | field | default |
+|---|---|---|
+| SPECDEC_HOST | host | 127.0.0.1 (0.0.0.0 on a Space) |
+| SPECDEC_PORT | port | 7860 |
+| SPECDEC_ALLOWED_MODELS | allowed_models | empty = every catalogue model |
+| SPECDEC_ALLOW_CUSTOM_MODELS | allow_custom_models | 1 (0 on a Space) |
+| SPECDEC_MAX_NEW_TOKENS | max_new_tokens_cap | 256 |
+| SPECDEC_CONCURRENCY | concurrency | 1 |
+| SPECDEC_DTYPE | dtype | float32 |
+| SPECDEC_TARGET / SPECDEC_DRAFT | default_target / default_draft | the catalogue's default pair |
+| SPECDEC_UNALIGNED | default_unaligned | the catalogue's first unaligned draft |
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+K_RANGE = (1, 10)  # draft tokens per round offered by the dashboard
+MODEL_DRAFTERS = ("lookup", "self:2", "self:4")  # drafters that need no second model (prompt lookup, first L target layers)
+DTYPES = ("float32", "bfloat16")
+
+PROMPTS = {  # preset name -> prompt text
+    "今天天气 (seed 003)": "今天天气",
+    "Python code": "def fibonacci(n: int) -> list[int]:\n    \"\"\"Return the first n Fibonacci numbers.\"\"\"\n",
+    "finance / quant code": (
+        "import pandas as pd\n\n"
+        "def max_drawdown(prices: pd.Series) -> float:\n"
+        "    \"\"\"Largest peak-to-trough fall of a price series, as a fraction of the peak.\"\"\"\n"),
+    "Chinese medical question": "医学问题：糖尿病患者空腹血糖控制目标是多少？\n医学回答：",
+    "English chat": "User: What is speculative decoding, in two sentences?\nAssistant:",
+}
+
+
+@dataclass(frozen=True)
+class AppConfig:
+    """How the dashboard is served and what a visitor may ask for."""
+
+    host: str = "127.0.0.1"  # interface to bind; 0.0.0.0 to serve other machines
+    port: int = 7860  # TCP port
+    allowed_models: tuple[str, ...] = ()  # catalogue names offered; empty = the whole catalogue
+    allow_custom_models: bool = True  # accept free-text model folders / .gguf paths / hub ids
+    max_new_tokens_cap: int = 256  # largest max_new_tokens a visitor may ask for
+    concurrency: int = 1  # decodes running at once (each holds the CPU); the rest wait in the queue
+    dtype: str = "float32"  # weights dtype for every model the dashboard loads
+    default_target: str = ""  # preselected target ("" = the catalogue's default pair)
+    default_draft: str = ""  # preselected draft ("" = the catalogue's default pair)
+    default_unaligned: str = ""  # preselected other-tokenizer draft of the compare tab ("" = the catalogue's first)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "AppConfig":
+        """Read the SPECDEC_* variables; bad values raise ValueError naming the variable."""
+        on_space = "SPACE_ID" in environ  # set by Hugging Face Spaces
+        config = cls(
+            host=environ.get("SPECDEC_HOST", "0.0.0.0" if on_space else cls.host),
+            port=_integer(environ, "SPECDEC_PORT", cls.port, 1, 65535),
+            allowed_models=tuple(n.strip() for n in environ.get("SPECDEC_ALLOWED_MODELS", "").split(",") if n.strip()),
+            allow_custom_models=_flag(environ, "SPECDEC_ALLOW_CUSTOM_MODELS", not on_space),
+            max_new_tokens_cap=_integer(environ, "SPECDEC_MAX_NEW_TOKENS", cls.max_new_tokens_cap, 1, 4096),
+            concurrency=_integer(environ, "SPECDEC_CONCURRENCY", cls.concurrency, 1, 64),
+            dtype=environ.get("SPECDEC_DTYPE", cls.dtype),
+            default_target=environ.get("SPECDEC_TARGET", ""),
+            default_draft=environ.get("SPECDEC_DRAFT", ""),
+            default_unaligned=environ.get("SPECDEC_UNALIGNED", ""),
+        )
+        if config.dtype not in DTYPES:
+            raise ValueError(f"SPECDEC_DTYPE must be one of {', '.join(DTYPES)}, got {config.dtype!r}")
+        return config
+
+
+def _integer(environ: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer in {low}..{high}, got {raw!r}") from None
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be an integer in {low}..{high}, got {value}")
+    return value
+
+
+def _flag(environ: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = environ.get(name, "").strip().lower()
+    if raw == "":
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name} must be 1/0 (or true/false), got {raw!r}")

@@ -1,0 +1,80 @@
+"""One plotly figure builder for every chart of the dashboard, and the data each chart shows."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import plotly.graph_objects as go
+
+from specdec import DecodeStats, Round, theory
+
+COLOURS = ("#2b7bba", "#e07b39", "#3c9a5f", "#9b59b6")
+
+
+@dataclass
+class Series:
+    """One trace of a chart."""
+
+    name: str  # legend entry
+    x: list  # x values (numbers or category labels)
+    y: list[float]  # y values
+    kind: str = "line"  # "line", "bar" or "markers"
+    text: list[str] = field(default_factory=list)  # optional label drawn on each point / bar
+
+
+def figure(title: str, x_title: str, y_title: str, series: list[Series], y_range: tuple | None = None) -> go.Figure:
+    """A compact figure with one trace per `Series` (lines, grouped bars or markers)."""
+    fig = go.Figure()
+    for colour_index, s in enumerate(series):
+        colour = COLOURS[colour_index % len(COLOURS)]
+        text = s.text or None
+        if s.kind == "bar":
+            fig.add_trace(go.Bar(name=s.name, x=s.x, y=s.y, marker_color=colour, text=text, textposition="auto"))
+        else:
+            mode = "lines+markers" if s.kind == "line" else "markers+text"
+            fig.add_trace(go.Scatter(name=s.name, x=s.x, y=s.y, mode=mode, text=text, textposition="top center",
+                                     marker=dict(color=colour, size=8 if s.kind == "line" else 12),
+                                     line=dict(color=colour)))
+    fig.update_layout(title=dict(text=title, font=dict(size=14)), xaxis_title=x_title, yaxis_title=y_title,
+                      barmode="group", height=300, margin=dict(l=50, r=20, t=45, b=45),
+                      legend=dict(orientation="h", yanchor="bottom", y=1.0, x=1.0, xanchor="right"),
+                      template="plotly_white", showlegend=len(series) > 1)
+    if y_range is not None:
+        fig.update_yaxes(range=list(y_range))
+    return fig
+
+
+def running_acceptance(rounds: list[Round], k: int) -> go.Figure:
+    """α̂ over the rounds seen so far (the engine's own aggregation of each prefix of rounds)."""
+    alphas = [DecodeStats.from_rounds(rounds[:n], k).acceptance_rate for n in range(1, len(rounds) + 1)]
+    return figure("running acceptance rate α̂", "round", "α̂", [Series("α̂", list(range(1, len(rounds) + 1)), alphas)],
+                  y_range=(0, 1.05))
+
+
+def accepted_length_histogram(rounds: list[Round], k: int) -> go.Figure:
+    """How many rounds accepted 0, 1, ..., k draft tokens."""
+    counts = [sum(r.num_accepted == n for r in rounds) for n in range(k + 1)]
+    return figure("accepted draft tokens per round", "accepted tokens", "rounds",
+                  [Series("rounds", list(range(k + 1)), counts, kind="bar")])
+
+
+def per_position_acceptance(stats: DecodeStats) -> go.Figure:
+    """Share of rounds that accepted draft position i, among the rounds that drafted it."""
+    positions = list(range(1, len(stats.per_position_acceptance) + 1))
+    return figure("per-position acceptance", "draft position", "accepted share",
+                  [Series("acceptance", positions, stats.per_position_acceptance, kind="bar")], y_range=(0, 1.05))
+
+
+def speedup_curves(alpha: float, c: float, k_max: int, measured: list[tuple[int, float]]) -> go.Figure:
+    """Theory over k for α and c, the measured (k, speedup) points, and the optimal k marked."""
+    ks = list(range(1, k_max + 1))
+    best = theory.optimal_k(alpha, c, k_max)
+    best_value = theory.walltime_speedup(alpha, best, c)
+    series = [
+        Series("(1−α^(k+1))/(1−α)  tokens per target forward", ks, [theory.expected_tokens_per_step(alpha, k) for k in ks]),
+        Series("cost-aware bound (1−α^(k+1))/((1−α)(kc+1))", ks, [theory.walltime_speedup(alpha, k, c) for k in ks]),
+        Series(f"optimal k = {best}", [best], [best_value], kind="markers", text=[f"k*={best}"]),
+    ]
+    if measured:
+        series.append(Series("measured speedup", [k for k, _ in measured], [s for _, s in measured], kind="markers"))
+    return figure(f"theory vs measurement (α = {alpha:.2f}, c = {c:.2f})", "k (draft tokens per round)",
+                  "speedup over the target alone", series)

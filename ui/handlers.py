@@ -1,0 +1,209 @@
+"""Event handlers: plain functions from input values to output values (testable without a browser).
+
+The first parameter of each model handler is the `ModelHub` (bound with functools.partial in
+`ui.layout`). Bad input raises ValueError inside; `user_errors` turns it into a visible gr.Error.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import NamedTuple
+
+import gradio as gr
+import pandas as pd
+
+from specdec import GenerationResult, autoregressive_generate, speculative_generate
+from specdec.report import STAT_LINES, baseline_lines
+
+from . import figures
+from .chips import chips_html
+from .config import PROMPTS
+from .hub import ModelHub
+from .panels import measured_speedup, round_table, stats_html
+from .runs import DecodeRequest, RunControl, partial_result, stream
+
+SWEEP_KS = (1, 2, 3, 4, 6, 8, 10)  # k values of the theory tab's sweep
+
+
+def user_errors(handler):
+    """Show a ValueError (bad input, with the engine's message) as a gr.Error; the app keeps serving."""
+    if inspect.isgeneratorfunction(handler):
+        @functools.wraps(handler)
+        def generator(*args, **kwargs):
+            try:
+                yield from handler(*args, **kwargs)
+            except ValueError as error:
+                raise gr.Error(str(error), print_exception=False) from error
+        return generator
+
+    @functools.wraps(handler)
+    def plain(*args, **kwargs):
+        try:
+            return handler(*args, **kwargs)
+        except ValueError as error:
+            raise gr.Error(str(error), print_exception=False) from error
+    return plain
+
+
+class LiveView(NamedTuple):
+    """Outputs of the live decode tab, in wiring order."""
+
+    chips: str  # HTML chips of every round so far
+    table: pd.DataFrame  # seed-003-shaped round table
+    acceptance: object  # plotly figure: running α̂
+    histogram: object  # plotly figure: accepted tokens per round
+    positions: object  # plotly figure: per-position acceptance
+    stats: str  # HTML stat cards
+    status: str  # one Markdown line: what is happening
+
+
+def preset_prompt(name: str) -> str:
+    return PROMPTS.get(name, "")
+
+
+def stop(control: RunControl) -> str:
+    control.stop()
+    return "stopping after the current round…"
+
+
+@user_errors
+def live_decode(hub: ModelHub, target, draft, bridge, prompt, k, max_new_tokens, sampling, temperature, top_p, seed,
+                measure_baseline, control: RunControl, progress=gr.Progress()):
+    """Stream a speculative decode round by round, then (optionally) the target-alone baseline."""
+    request = DecodeRequest.from_inputs(target, draft, prompt, k, max_new_tokens,
+                                        temperature if sampling else 0.0, top_p, seed).checked(hub.config)
+    token = control.start()
+    target_model, draft_model = hub.pair(request.target, request.draft, bridge, progress=progress)
+    tokenizer = target_model.tokenizer
+    result = None
+    for update in stream(lambda on_round: _speculate(target_model, draft_model, request, on_round), token):
+        result = update if isinstance(update, GenerationResult) else partial_result(update, request.k)
+        yield live_view(result, tokenizer, request, f"decoding… {len(result.rounds)} rounds, "
+                                                    f"{len(result.token_ids)} tokens")
+    if result.stopped_early or not measure_baseline:
+        note = "stopped by you" if result.stopped_early else "done"
+        yield live_view(result, tokenizer, request, f"{note}: {len(result.token_ids)} tokens in {len(result.rounds)} "
+                                                    f"rounds, {result.stats.wall_time_s:.2f} s")
+        return
+    yield live_view(result, tokenizer, request, "measuring the target alone on the same prompt and length…")
+    baseline = _baseline(target_model, request, len(result.token_ids))
+    summary = "; ".join(baseline_lines(result, baseline, greedy=request.temperature == 0))
+    yield live_view(result, tokenizer, request, f"done: {len(result.token_ids)} tokens in {len(result.rounds)} "
+                                                f"rounds; {summary}", baseline)
+
+
+def live_view(result: GenerationResult, tokenizer, request: DecodeRequest, status: str,
+              baseline: GenerationResult | None = None) -> LiveView:
+    """Everything the live tab shows for `result` (complete or partial)."""
+    return LiveView(
+        chips=chips_html(result.rounds, tokenizer, request.prompt),
+        table=round_table(result, tokenizer),
+        acceptance=figures.running_acceptance(result.rounds, request.k),
+        histogram=figures.accepted_length_histogram(result.rounds, request.k),
+        positions=figures.per_position_acceptance(result.stats),
+        stats=stats_html(result.stats, baseline.stats if baseline else None),
+        status=status,
+    )
+
+
+@user_errors
+def speculate(hub: ModelHub, target, draft, prompt, k, max_new_tokens, temperature, seed) -> dict:
+    """API `speculate`: one speculative decode as JSON (GenerationResult.to_dict(): token ids, text, rounds, stats)."""
+    request = DecodeRequest.from_inputs(target, draft, prompt, k, max_new_tokens, temperature, 1.0,
+                                        seed).checked(hub.config)
+    target_model, draft_model = hub.pair(request.target, request.draft)
+    return _speculate(target_model, draft_model, request).to_dict()
+
+
+@user_errors
+def compare(hub: ModelHub, target, prompt, k, max_new_tokens, *drafts_and_bridges, progress=gr.Progress()):
+    """Decode the same prompt with each chosen draft, then the target alone; yield columns as they finish.
+
+    drafts_and_bridges: draft name, bridge mode, draft name, bridge mode, ... (blank names are skipped).
+    Yields ([chips HTML per column], stats table, bar chart, status).
+    """
+    pairs = list(zip(drafts_and_bridges[::2], drafts_and_bridges[1::2]))
+    columns = len(pairs)
+    chosen = [(i, name, bridge) for i, (name, bridge) in enumerate(pairs) if name]
+    if not chosen:
+        raise ValueError("pick at least one draft to compare")
+    request = DecodeRequest.from_inputs(target, chosen[0][1], prompt, k, max_new_tokens).checked(hub.config)
+    target_model = hub.target(request.target, progress=progress)
+    panels = ["<em>not run</em>"] * columns
+    results: dict[str, GenerationResult] = {}
+    for i, name, bridge in chosen:
+        yield (*panels, None, None, f"decoding with draft {i + 1}: {name} ({bridge})…")
+        try:
+            draft = hub.draft(name, target_model, bridge=bridge)
+            result = _speculate(target_model, draft, DecodeRequest(**{**request.__dict__, "draft": name}))
+        except ValueError as error:  # one draft that cannot run says why; the others still run
+            panels[i] = f'<div class="compare-error">⚠ {name} ({bridge}): {error}</div>'
+            continue
+        results[f"{i + 1}: {name} ({bridge})"] = result
+        panels[i] = chips_html(result.rounds, target_model.tokenizer, request.prompt)
+    if not results:
+        yield (*panels, None, None, "no draft could run: see the messages above")
+        return
+    yield (*panels, None, None, "measuring the target alone…")
+    longest = max(len(r.token_ids) for r in results.values())
+    baseline = _baseline(target_model, request, longest)
+    yield (*panels, comparison_table(results, baseline), comparison_chart(results, baseline),
+           f"done: {len(results)} draft(s) and the target alone ({baseline.stats.tokens_per_s:.2f} tokens/s)")
+
+
+def comparison_table(results: dict[str, GenerationResult], baseline: GenerationResult) -> pd.DataFrame:
+    """One row per STAT_LINES metric plus the measured speedup, one column per draft."""
+    rows = [{"metric": label, **{name: fmt.format(getattr(r.stats, field)) for name, r in results.items()}}
+            for field, label, fmt in STAT_LINES]
+    rows.append({"metric": "measured speedup (tokens/s ÷ target alone)",
+                 **{name: f"{measured_speedup(r.stats, baseline.stats):.2f}" for name, r in results.items()}})
+    return pd.DataFrame(rows)
+
+
+def comparison_chart(results: dict[str, GenerationResult], baseline: GenerationResult):
+    metrics = ["α̂", "mean accepted length", "measured speedup"]
+    series = [figures.Series(name, metrics, [r.stats.acceptance_rate, r.stats.mean_accepted_length,
+                                             measured_speedup(r.stats, baseline.stats)], kind="bar")
+              for name, r in results.items()]
+    return figures.figure("aligned vs unaligned drafts", "", "value", series)
+
+
+def theory_figure(alpha, c, k_max, sweep: list | None):
+    """The theory tab's chart for slider values α, c and the last sweep's measured points."""
+    return figures.speedup_curves(float(alpha), float(c), int(k_max), [(k, s) for k, s in sweep or []])
+
+
+@user_errors
+def k_sweep(hub: ModelHub, target, draft, bridge, prompt, max_new_tokens, k_max, progress=gr.Progress()):
+    """Measure speedup at several k on one pair and prompt; yield (figure, α, c, table, sweep points, status).
+
+    α and c are pooled over all rounds of the sweep (DecodeStats.from_rounds on the union).
+    """
+    ks = [k for k in SWEEP_KS if k <= int(k_max)]
+    request = DecodeRequest.from_inputs(target, draft, prompt, ks[-1], max_new_tokens).checked(hub.config)
+    target_model, draft_model = hub.pair(request.target, request.draft, bridge, progress=progress)
+    baseline = _baseline(target_model, request, request.max_new_tokens)
+    points, rows, rounds = [], [], []
+    for k in ks:
+        result = _speculate(target_model, draft_model, DecodeRequest(**{**request.__dict__, "k": k}))
+        rounds.extend(result.rounds)
+        points.append((k, measured_speedup(result.stats, baseline.stats)))
+        rows.append({"k": k, "α̂": round(result.stats.acceptance_rate, 3), "c": round(result.stats.cost_ratio, 3),
+                     "tokens/s": round(result.stats.tokens_per_s, 2), "measured speedup": round(points[-1][1], 2),
+                     "cost-aware bound": round(result.stats.expected_walltime_speedup, 2)})
+        pooled = partial_result(rounds, max(ks)).stats
+        alpha, c = round(pooled.acceptance_rate, 3), round(pooled.cost_ratio, 3)
+        status = "done" if k == ks[-1] else f"measured k = {k} ({len(points)}/{len(ks)})…"
+        yield theory_figure(alpha, c, k_max, points), alpha, c, pd.DataFrame(rows), points, status
+
+
+def _speculate(target_model, draft_model, request: DecodeRequest, on_round=None) -> GenerationResult:
+    return speculative_generate(target_model, draft_model, request.prompt, k=request.k,
+                                max_new_tokens=request.max_new_tokens, temperature=request.temperature,
+                                top_p=request.top_p, seed=request.seed, on_round=on_round)
+
+
+def _baseline(target_model, request: DecodeRequest, new_tokens: int) -> GenerationResult:
+    """The target alone on the same prompt and settings, for `new_tokens` tokens."""
+    return autoregressive_generate(target_model, request.prompt, max_new_tokens=max(1, new_tokens),
+                                   temperature=request.temperature, top_p=request.top_p, seed=request.seed)

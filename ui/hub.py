@@ -1,0 +1,104 @@
+"""Which models a visitor may pick, and the models behind the names (loaded once, shared by all sessions).
+
+Loading goes through `specdec.models` (its process-wide pool keeps each model once); this module
+only applies the host's allow-list (SPECDEC_ALLOWED_MODELS / SPECDEC_ALLOW_CUSTOM_MODELS) and
+reports loading progress.
+"""
+from __future__ import annotations
+
+from specdec import models
+from specdec.bridge import cross_vocab_drafter
+
+from .config import MODEL_DRAFTERS, AppConfig
+
+BRIDGES = {  # vocabulary mode offered in the UI -> specdec.models.load_draft's bridge argument
+    "auto": "auto",  # through the text bridge only when the tokenizers differ
+    "as is": False,  # ids used as they are: the engine refuses a different vocabulary
+    "naive ids": False,  # then wrapped in NaiveCrossVocabDrafter: ids fed across vocabularies (seed 000's collapse)
+    "text bridge": True,  # always through text (specdec.bridge.TextBridgeDrafter)
+}
+
+
+class ModelHub:
+    """Model names offered by this host and the loaded models behind them."""
+
+    def __init__(self, config: AppConfig, pool=None):
+        self.config = config  # host settings (allow-list, dtype, caps)
+        self.pool = pool if pool is not None else models.default_pool()  # shared, loads each model once
+
+    def catalogue_names(self, role: str) -> list[str]:
+        """Catalogue names for `role` ("target", "draft" = any draft, "unaligned-draft"), allow-list applied."""
+        wanted = {"target": ("target",), "draft": ("draft", "unaligned-draft")}.get(role, (role,))
+        return [e.name for e in models.catalogue()
+                if any(r in wanted for r in e.roles) and self._listed(e.name)]
+
+    def choices(self, role: str) -> list[tuple[str, str]]:
+        """(label, value) pairs for a dropdown: catalogue entries with their readiness, then model-free drafters."""
+        entries = {e.name: e for e in models.catalogue()}
+        pairs = [(f"{name} · {entries[name].parameters} · {entries[name].status}", name)
+                 for name in self.catalogue_names(role)]
+        if role == "draft":
+            pairs += [(f"{name} · {'prompt lookup (no model)' if name == 'lookup' else 'first layers of the target'}",
+                       name) for name in MODEL_DRAFTERS]
+        return pairs
+
+    def default(self, role: str) -> str:
+        """The host's preselected name (SPECDEC_TARGET/DRAFT/UNALIGNED), else the catalogue's choice."""
+        chosen = {"target": self.config.default_target, "draft": self.config.default_draft,
+                  "unaligned-draft": self.config.default_unaligned}[role]
+        if chosen:
+            return chosen
+        offered = self.catalogue_names(role)
+        name = models.default_name(role) if role != "unaligned-draft" else (offered or [""])[0]
+        return name if name in offered or not offered else offered[0]
+
+    def check(self, name: str, role: str) -> str:
+        """`name` if this host lets a visitor load it as `role`; otherwise a ValueError saying what is allowed."""
+        if not name:
+            raise ValueError(f"choose a {role} model")
+        if role == "draft" and (name in MODEL_DRAFTERS or name.startswith("self:")):
+            return name
+        if name.lower() in {e.name for e in models.catalogue()}:
+            if not self._listed(name):
+                raise ValueError(f"model {name!r} is not offered on this host; allowed: "
+                                 f"{', '.join(self.config.allowed_models)} (SPECDEC_ALLOWED_MODELS)")
+            return name
+        if not self.config.allow_custom_models:
+            raise ValueError(f"unknown model {name!r}: pick one of the list (custom model paths and ids are "
+                             "disabled on this host, SPECDEC_ALLOW_CUSTOM_MODELS=0)")
+        return name
+
+    def target(self, name: str, progress=None):
+        """The loaded target (a specdec LoadedModel); a first load reports its stages to `progress`."""
+        name = self.check(name, "target")
+        if progress is not None:
+            progress(0.0, desc=f"loading target {name} (a first load can take a minute)…")
+        return self.pool.get(name, dtype=self.config.dtype, progress=_stages(progress))
+
+    def draft(self, name: str, target, bridge: str = "auto", progress=None):
+        """A draft for `target` (see BRIDGES for how it meets the target's vocabulary)."""
+        name = self.check(name, "draft")
+        if bridge not in BRIDGES:
+            raise ValueError(f"vocabulary mode must be one of {', '.join(BRIDGES)}, got {bridge!r}")
+        if progress is not None:
+            progress(0.5, desc=f"loading draft {name}…")
+        draft = self.pool.draft(name, target, dtype=self.config.dtype, bridge=BRIDGES[bridge],
+                                progress=_stages(progress))
+        if bridge == "naive ids":
+            return cross_vocab_drafter(draft, target.tokenizer, mode="naive")
+        return draft
+
+    def pair(self, target_name: str, draft_name: str, bridge: str = "auto", progress=None):
+        """(target, draft) ready for specdec.speculative_generate."""
+        target = self.target(target_name, progress)
+        return target, self.draft(draft_name, target, bridge=bridge, progress=progress)
+
+    def _listed(self, name: str) -> bool:
+        return not self.config.allowed_models or name in self.config.allowed_models
+
+
+def _stages(progress):
+    """specdec.models' progress callback (stage, fraction) as a gr.Progress update, or None."""
+    if progress is None:
+        return None
+    return lambda stage, fraction: progress(fraction, desc=stage)

@@ -1,0 +1,161 @@
+"""The dashboard's Blocks: layout first (three tabs), event wiring at the bottom of `build_demo`."""
+from __future__ import annotations
+
+from functools import partial
+
+import gradio as gr
+
+from specdec.engine import K_MAX
+
+from . import handlers
+from .chips import CSS as CHIPS_CSS
+from .chips import legend_html
+from .config import K_RANGE, PROMPTS, AppConfig
+from .handlers import SWEEP_KS
+from .hub import BRIDGES, ModelHub
+from .panels import CSS as PANELS_CSS
+from .runs import RunControl
+
+CSS = CHIPS_CSS + PANELS_CSS + ".compare-error { color: #8a1c12; }\n"
+INTRO = """# specdec — watch speculative decoding, round by round
+A small **draft** proposes *k* tokens, the **target** checks them all in one forward and keeps the longest
+prefix it agrees with, plus one token of its own. Greedy output is exactly the target's; the question is how
+many tokens each target forward yields, and whether that beats the target alone on this machine.
+"""
+THEORY_MD = r"""
+### The formulas (Leviathan, Kalman & Matias 2023)
+- **α** — per-token acceptance rate: the chance the target keeps a draft token (estimated by
+  α̂ = accepted / (accepted + rejections)).
+- **k** — draft tokens proposed per round.
+- **c** — cost ratio: time of one draft forward ÷ time of one target forward (measured per run).
+- **Tokens per target forward**: $\frac{1-\alpha^{k+1}}{1-\alpha}$ (→ k+1 as α → 1). This is the speedup
+  if drafting were free.
+- **Cost-aware bound** on wall-time speedup: $\frac{1-\alpha^{k+1}}{(1-\alpha)(kc+1)}$. Each round pays k
+  draft forwards (kc) plus one target forward (1). The optimal k maximises it; if α > c, k = 1 already wins.
+- **Measured speedup**: tokens/s speculative ÷ tokens/s of the target alone, same prompt and length. It falls
+  below the bound by the per-round overhead (cache rollback, sampling, Python) — the gap is worth looking at.
+"""
+
+
+def build_demo(config: AppConfig, hub: ModelHub | None = None) -> gr.Blocks:
+    """The whole app for `config`; `hub` defaults to one over specdec.models' shared pool."""
+    hub = hub or ModelHub(config)
+    custom = config.allow_custom_models
+    model_box = partial(gr.Dropdown, allow_custom_value=custom, filterable=True)
+
+    with gr.Blocks(title="specdec — speculative decoding lab") as demo:
+        control = gr.State(RunControl)  # per browser session: the Stop button's handle on its own decode
+        sweep_points = gr.State(list)  # per session: the theory tab's measured (k, speedup) points
+        gr.Markdown(INTRO)
+        with gr.Tabs():
+            with gr.Tab("Live decode", id="live"):
+                with gr.Row():
+                    with gr.Column(scale=1, min_width=320):
+                        target = model_box(hub.choices("target"), value=hub.default("target"), label="target model",
+                                           info="any folder / .gguf / hub id also works" if custom else None)
+                        draft = model_box(hub.choices("draft"), value=hub.default("draft"), label="draft",
+                                          info="a model, `lookup` (prompt lookup) or `self:L` (first L target layers)")
+                        bridge = gr.Radio(list(BRIDGES), value="auto", label="draft vocabulary",
+                                          info="auto: through the text bridge when the tokenizers differ")
+                        preset = gr.Dropdown(list(PROMPTS), value=next(iter(PROMPTS)), label="prompt preset")
+                        prompt = gr.Textbox(next(iter(PROMPTS.values())), label="prompt", lines=4, elem_id="prompt")
+                        k = gr.Slider(*K_RANGE, value=4, step=1, label="k: draft tokens per round")
+                        max_new = gr.Slider(1, config.max_new_tokens_cap, value=min(48, config.max_new_tokens_cap),
+                                            step=1, label="max new tokens")
+                        sampling = gr.Radio([("greedy", False), ("sampling", True)], value=False, label="decoding")
+                        with gr.Row():
+                            temperature = gr.Slider(0.05, 2.0, value=0.8, step=0.05, label="temperature")
+                            top_p = gr.Slider(0.05, 1.0, value=1.0, step=0.05, label="top-p")
+                            seed = gr.Number(0, precision=0, label="seed")
+                        baseline = gr.Checkbox(True, label="also run the target alone (measured speedup)")
+                        with gr.Row():
+                            run = gr.Button("Run", variant="primary", elem_id="run")
+                            stop_button = gr.Button("Stop", variant="stop", elem_id="stop")
+                    with gr.Column(scale=2):
+                        status = gr.Markdown("pick a pair and a prompt, then **Run**", elem_id="status")
+                        gr.HTML(legend_html())
+                        chips = gr.HTML(elem_id="chips-box")
+                        stats = gr.HTML(elem_id="stats-box")
+                with gr.Row():
+                    acceptance_plot = gr.Plot(label="running α̂", elem_id="alpha-plot")
+                    histogram_plot = gr.Plot(label="accepted length", elem_id="histogram-plot")
+                    positions_plot = gr.Plot(label="per-position acceptance", elem_id="positions-plot")
+                table = gr.DataFrame(label="rounds (seed 003's table: per-position match flags, accepted, produced)",
+                                     elem_id="round-table", wrap=True, max_height=400)
+
+            with gr.Tab("Aligned vs unaligned", id="compare"):
+                gr.Markdown(
+                    "Same target, same prompt, up to three drafts. A draft with another tokenizer runs **naive** "
+                    "(its ids read as the target's ids: the collapse seed 000 describes) or through the **text "
+                    "bridge** (draft text re-tokenized for the target)."
+    )
+                with gr.Row():
+                    compare_target = model_box(hub.choices("target"), value=hub.default("target"), label="target")
+                    compare_prompt = gr.Textbox(next(iter(PROMPTS.values())), label="prompt", lines=2)
+                    compare_k = gr.Slider(*K_RANGE, value=4, step=1, label="k")
+                    compare_new = gr.Slider(1, config.max_new_tokens_cap, value=min(32, config.max_new_tokens_cap),
+                                            step=1, label="max new tokens")
+                compare_inputs, compare_panels = [], []
+                with gr.Row():
+                    for column, (name, mode) in enumerate(_compare_defaults(hub)):
+                        with gr.Column():
+                            compare_inputs.append(model_box(hub.choices("draft") + [("(none)", "")], value=name,
+                                                            label=f"draft {column + 1}"))
+                            compare_inputs.append(gr.Radio(list(BRIDGES), value=mode, label="vocabulary"))
+                            compare_panels.append(gr.HTML(elem_id=f"compare-chips-{column + 1}"))
+                compare_run = gr.Button("Compare", variant="primary", elem_id="compare-run")
+                compare_status = gr.Markdown(elem_id="compare-status")
+                compare_chart = gr.Plot(label="α̂, mean accepted length, measured speedup", elem_id="compare-plot")
+                compare_table = gr.DataFrame(label="metrics per draft", elem_id="compare-table")
+
+            with gr.Tab("Theory vs measurement", id="theory"):
+                with gr.Row():
+                    with gr.Column(scale=1, min_width=300):
+                        alpha = gr.Slider(0.0, 1.0, value=0.7, step=0.01, label="α (acceptance rate)")
+                        cost = gr.Slider(0.0, 1.0, value=0.3, step=0.01, label="c (draft/target forward cost)")
+                        k_max = gr.Slider(2, K_MAX, value=10, step=1, label="largest k shown")
+                        sweep_run = gr.Button(f"Measure a k sweep (k = {', '.join(map(str, SWEEP_KS))}) with the "
+                                              "live tab's pair and prompt", elem_id="sweep-run")
+                        gr.Markdown(THEORY_MD, latex_delimiters=[{"left": "$", "right": "$", "display": False}])
+                    with gr.Column(scale=2):
+                        theory_plot = gr.Plot(handlers.theory_figure(0.7, 0.3, 10, []), elem_id="theory-plot")
+                        sweep_status = gr.Markdown(elem_id="sweep-status")
+                        sweep_table = gr.DataFrame(label="k sweep", elem_id="sweep-table")
+
+        # --- events -------------------------------------------------------------------------------
+        live_outputs = [chips, table, acceptance_plot, histogram_plot, positions_plot, stats, status]
+        preset.change(handlers.preset_prompt, preset, prompt, api_visibility="private")
+        run.click(partial(handlers.live_decode, hub),
+                  [target, draft, bridge, prompt, k, max_new, sampling, temperature, top_p, seed, baseline, control],
+                  live_outputs, api_visibility="private", concurrency_id="decode")
+        stop_button.click(handlers.stop, control, status, api_visibility="private", concurrency_limit=None)
+        compare_run.click(partial(handlers.compare, hub),
+                          [compare_target, compare_prompt, compare_k, compare_new, *compare_inputs],
+                          [*compare_panels, compare_table, compare_chart, compare_status],
+                          api_visibility="private", concurrency_id="decode")
+        for slider in (alpha, cost, k_max):
+            slider.change(handlers.theory_figure, [alpha, cost, k_max, sweep_points], theory_plot,
+                          api_visibility="private", concurrency_limit=None)
+        sweep_run.click(partial(handlers.k_sweep, hub), [target, draft, bridge, prompt, max_new, k_max],
+                        [theory_plot, alpha, cost, sweep_table, sweep_points, sweep_status],
+                        api_visibility="private", concurrency_id="decode")
+
+        def speculate(target: str, draft: str, prompt: str, k: int, max_new_tokens: int, temperature: float,
+                      seed: int) -> dict:
+            """One speculative decode; returns GenerationResult.to_dict(): token_ids, text, rounds, stats."""
+            return handlers.speculate(hub, target, draft, prompt, k, max_new_tokens, temperature, seed)
+
+        gr.api(speculate, api_name="speculate", concurrency_id="decode")
+    demo.queue(default_concurrency_limit=config.concurrency)
+    return demo
+
+
+def launch_options(config: AppConfig) -> dict:
+    """Keyword arguments of demo.launch() for `config` (CSS and theme are launch options in Gradio 6)."""
+    return dict(server_name=config.host, server_port=config.port, css=CSS, theme=gr.themes.Soft())
+
+
+def _compare_defaults(hub: ModelHub) -> list[tuple[str, str]]:
+    """Three columns: the aligned default draft, then the first unaligned draft naive and bridged."""
+    other = hub.default("unaligned-draft")
+    return [(hub.default("draft"), "as is"), (other, "naive ids"), (other, "text bridge")]

@@ -1,0 +1,60 @@
+"""Stats cards and the round table: the engine's numbers, labels and definitions, rendered."""
+from __future__ import annotations
+
+import html
+import re
+
+import pandas as pd
+
+import specdec.trace
+from specdec import DecodeStats, GenerationResult
+from specdec.report import STAT_LINES, round_rows
+
+TABLE_COLUMNS = ("round", "matches", "accepted", "target token", "kind", "produced")  # seed 003's table
+MEASURED_SPEEDUP_HELP = (
+    "measured speedup = tokens/s of this speculative run ÷ tokens/s of the target alone, run right after it "
+    "on the same prompt with the same settings and the same number of new tokens (wall time, prefill included)")
+BASELINE_HELP = "the target alone (specdec.autoregressive_generate): new tokens ÷ wall time of the whole call"
+
+CSS = """
+.stat-cards { display: grid; grid-template-columns: repeat(auto-fill, minmax(170px, 1fr)); gap: 8px; }
+.stat-card { border: 1px solid #e3e3e3; border-radius: 8px; padding: 6px 10px; cursor: help; }
+.stat-card .value { font-size: 1.35rem; font-weight: 700; }
+.stat-card .label { font-size: 0.75rem; color: #555; }
+.stat-card.measured { border-color: #2b7bba; }
+"""
+
+
+def definitions() -> dict[str, str]:
+    """Metric definitions by stat field, read from the bullets of specdec.trace's docstring."""
+    bullets = re.split(r"\n- ", specdec.trace.__doc__ or "")[1:]
+    return {b.split()[0]: " ".join(b.split()) for b in bullets}
+
+
+def round_table(result: GenerationResult, tokenizer) -> pd.DataFrame:
+    """specdec.report.round_rows as a DataFrame (seed 003's columns; the chips show the running text)."""
+    rows = round_rows(result, tokenizer)
+    return pd.DataFrame(rows, columns=list(rows[0]) if rows else list(TABLE_COLUMNS))[list(TABLE_COLUMNS)]
+
+
+def stats_html(stats: DecodeStats, baseline: DecodeStats | None = None) -> str:
+    """One card per STAT_LINES entry (its label and, on hover, its definition), plus the baseline cards."""
+    defined = definitions()
+    cards = [_card(fmt.format(getattr(stats, name)), label, f"{label}. {defined.get(name, '')}".strip())
+             for name, label, fmt in STAT_LINES]
+    if baseline is not None:
+        cards.append(_card(f"{baseline.tokens_per_s:.2f}", "tokens/s, target alone", BASELINE_HELP, measured=True))
+        cards.append(_card(f"{measured_speedup(stats, baseline):.2f}×", "measured speedup", MEASURED_SPEEDUP_HELP,
+                           measured=True))
+    return f'<div class="stat-cards" id="stats">{"".join(cards)}</div>'
+
+
+def measured_speedup(stats: DecodeStats, baseline: DecodeStats) -> float:
+    """tokens/s of the speculative run over tokens/s of the target alone (see MEASURED_SPEEDUP_HELP)."""
+    return stats.tokens_per_s / baseline.tokens_per_s if baseline.tokens_per_s else 0.0
+
+
+def _card(value: str, label: str, tooltip: str, measured: bool = False) -> str:
+    css = "stat-card measured" if measured else "stat-card"
+    return (f'<div class="{css}" title="{html.escape(tooltip)}"><div class="value">{html.escape(value)}</div>'
+            f'<div class="label">{html.escape(label)}</div></div>')
