@@ -320,11 +320,25 @@ def _update_config(model, target_tok, rows: int, tied: bool) -> None:
 
 
 def save_aligned(model, target_tok, out_dir, summary: TransplantSummary | None = None) -> Path:
-    """Write the aligned draft as a plain HF folder: safetensors weights, config, the target tokenizer."""
+    """Write the aligned draft as a plain HF folder: safetensors weights, config, the target tokenizer.
+
+    Raises ValueError when the saved tokenizer does not load back as the target's (transformers picks the
+    tokenizer class from the draft's model type when the tokenizer does not name its own class)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     target_tok.save_pretrained(out)
+    _check_reload(target_tok, out)
     if summary is not None:
         (out / "alignment.json").write_text(json.dumps(asdict(summary), indent=1))
     return out
+
+
+def _check_reload(target_tok, folder: Path) -> None:
+    from transformers import AutoTokenizer
+
+    reloaded = AutoTokenizer.from_pretrained(folder)
+    if reloaded.get_vocab() != target_tok.get_vocab():
+        raise ValueError(
+            f"the tokenizer saved in {folder} loads back as {type(reloaded).__name__} with {len(reloaded)} tokens "
+            f"instead of the target's {len(target_tok)}: set tokenizer_class in the target's tokenizer_config.json")

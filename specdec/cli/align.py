@@ -1,0 +1,41 @@
+"""`python -m specdec align`: hard-clone the target's tokenizer into a draft (embedding transplant)."""
+from __future__ import annotations
+
+from ..align import save_aligned, transplant_vocabulary
+from ..inputs import vocab_size
+from ..models import add_model_arguments, load_model
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("align", help="give a draft the target's tokenizer (embedding transplant)")
+    add_model_arguments(p)
+    p.add_argument("--draft", required=True, help="draft model (catalogue name, folder, .gguf, hub id)")
+    p.add_argument("--out", required=True, help="folder for the aligned draft (safetensors + target tokenizer)")
+    p.add_argument("--method", choices=("string", "index"), default="string",
+                   help="string: copy rows by token string, new tokens = mean of their pieces (default); "
+                        "index: seed 000's copy of the first rows by number, noise for the rest")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    target = load_model(args.target, dtype=args.dtype)
+    draft = load_model(args.draft, dtype=args.dtype)
+    rows = vocab_size(target.model)
+    summary = transplant_vocabulary(draft.model, draft.tokenizer, target.tokenizer, method=args.method, rows=rows)
+    out = save_aligned(draft.model, target.tokenizer, args.out, summary)
+    print(f"aligned {draft.name} to {target.name}'s tokenizer ({summary.method}): {summary.rows} rows, "
+          f"{summary.copied} copied, {summary.from_pieces} from pieces, {summary.initialised} initialised"
+          f"{', tied' if summary.tied else ''}\nsaved to {out}")
+    print(vllm_hint(target.name, str(out), rows, vocab_size(draft.model)))
+    return 0
+
+
+def vllm_hint(target: str, draft_folder: str, target_rows: int, draft_rows: int) -> str:
+    """How to serve the pair with vLLM; a warning when the logit widths differ (vLLM requires equality)."""
+    hint = ("serve with vLLM:\n"
+            f"  vllm serve {target} --speculative-config "
+            f"'{{\"model\": \"{draft_folder}\", \"num_speculative_tokens\": 4}}'")
+    if target_rows != draft_rows:
+        hint += (f"\nwarning: the target has {target_rows} logit rows, the draft {draft_rows}; vLLM and llama.cpp "
+                 "refuse any difference (vLLM #7252, llama.cpp #3812): re-run align with the target's row count")
+    return hint

@@ -1,0 +1,112 @@
+"""`python -m specdec distill`: distil a draft (sharing the target's tokenizer) towards the target.
+
+Writes to --out: data/ (the target's continuations, cached), checkpoint/ (resumable), draft/ (the distilled
+draft as a plain HF folder), report.json and loss.html (loss curve and held-out acceptance).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..align import save_aligned
+from ..distill import DIVERGENCES, DistillConfig, DistillReport, cached_examples, distill
+from ..inputs import check_vocabularies
+from ..models import add_model_arguments, load_draft, load_model
+from ..suites import available_suites, encode, load_suite
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("distill", help="distil a draft towards the target (KL on target continuations)")
+    add_model_arguments(p)
+    p.add_argument("--draft", required=True, help="draft with the target's tokenizer (run `align` first if not)")
+    add_distill_arguments(p)
+    p.add_argument("--out", required=True, help="run folder (reused to resume)")
+    p.add_argument("--resume", action="store_true", help="continue from --out/checkpoint")
+    p.set_defaults(func=run)
+
+
+def add_distill_arguments(p) -> None:
+    """Data and hyper-parameter options (shared with `experiment align-distill`)."""
+    defaults = DistillConfig()
+    p.add_argument("--prompts", default="finance",
+                   help=f"training prompts: a suite ({', '.join(available_suites())}) or a .jsonl/.txt file")
+    p.add_argument("--split", default="dev", help="split of --prompts to train on (dev|heldout|all)")
+    p.add_argument("--eval-prompts", help="held-out prompts (default: --prompts, split heldout)")
+    p.add_argument("--eval-limit", type=int, default=4, help="held-out prompts evaluated (first N)")
+    p.add_argument("--steps", type=int, default=defaults.steps)
+    p.add_argument("--lr", type=float, default=2e-4)
+    p.add_argument("--batch-size", type=int, default=2)
+    p.add_argument("--grad-accum", type=int, default=defaults.grad_accum)
+    p.add_argument("--temperature", type=float, default=defaults.temperature, help="soft-label temperature T")
+    p.add_argument("--alpha", type=float, default=defaults.alpha, help="weight of the divergence term")
+    p.add_argument("--divergence", choices=DIVERGENCES, default=defaults.divergence)
+    p.add_argument("--top-k", type=int, default=defaults.top_k, help="soft labels kept per position (0 = all)")
+    p.add_argument("--max-new-tokens", type=int, default=48, help="target continuation length per prompt")
+    p.add_argument("--on-policy", action="store_true", help="also train on the draft's own continuations")
+    p.add_argument("--eval-every", type=int, default=defaults.eval_every)
+    p.add_argument("--eval-k", type=int, default=defaults.eval_k)
+    p.add_argument("--eval-max-new-tokens", type=int, default=defaults.eval_max_new_tokens)
+
+
+def config_from(args) -> DistillConfig:
+    return DistillConfig(steps=args.steps, lr=args.lr, batch_size=args.batch_size, grad_accum=args.grad_accum,
+                         temperature=args.temperature, alpha=args.alpha, divergence=args.divergence,
+                         top_k=args.top_k or None, eval_every=args.eval_every, eval_k=args.eval_k,
+                         eval_max_new_tokens=args.eval_max_new_tokens)
+
+
+def prompt_ids(spec: str, split: str | None, tokenizer, limit: int | None = None) -> list[list[int]]:
+    prompts = load_suite(spec, split=None if split in (None, "all") else split, limit=limit)
+    return [encode(p, tokenizer) for p in prompts]
+
+
+def run(args) -> int:
+    target = load_model(args.target, dtype=args.dtype)
+    draft = load_draft(args.draft, target, dtype=args.dtype, bridge=False)
+    check_vocabularies(target.model, draft.model)
+    train = prompt_ids(args.prompts, args.split, target.tokenizer)
+    held_out = prompt_ids(args.eval_prompts or args.prompts, "heldout", target.tokenizer)[:args.eval_limit]
+    report = distill_to_folder(target, draft, train, held_out, config_from(args), Path(args.out),
+                               max_new_tokens=args.max_new_tokens, on_policy=args.on_policy, resume=args.resume)
+    first, last = report.evals[0], report.evals[-1]
+    print(f"held-out acceptance {first['acceptance_rate']:.3f} -> {last['acceptance_rate']:.3f}, mean accepted "
+          f"length {first['mean_accepted_length']:.2f} -> {last['mean_accepted_length']:.2f}; "
+          f"saved to {Path(args.out) / 'draft'}")
+    return 0
+
+
+def distill_to_folder(target, draft, train: list[list[int]], held_out: list[list[int]], config: DistillConfig,
+                      out: Path, *, max_new_tokens: int, on_policy: bool = False, resume: bool = False) -> DistillReport:
+    """Generate (or read) the data, distil with a progress bar, save draft/, report.json and loss.html."""
+    from tqdm import tqdm
+
+    data = cached_examples(target, train, out / "data", max_new_tokens=max_new_tokens, model_name=target.name)
+    if on_policy:
+        data += cached_examples(draft, train, out / "data", max_new_tokens=max_new_tokens, source="draft",
+                                model_name=draft.name)
+    bar = tqdm(total=config.steps, desc="distill", unit="step")
+    def progress(step: int, steps: int, record: dict) -> None:
+        bar.n = step
+        bar.set_postfix(loss=f"{record['loss']:.3f}")
+    report = distill(target, draft, data, config=config, eval_prompts=held_out, checkpoint_dir=out / "checkpoint",
+                     resume=resume, progress=progress)
+    bar.close()
+    save_aligned(draft.model, target.tokenizer, out / "draft")
+    (out / "report.json").write_text(json.dumps(report.to_dict(), indent=1))
+    write_plot(report, out / "loss.html")
+    return report
+
+
+def write_plot(report: DistillReport, path: Path) -> None:
+    """Loss curve and held-out acceptance, one HTML file (plotly loaded here only)."""
+    from plotly.subplots import make_subplots
+
+    figure = make_subplots(rows=2, cols=1, shared_xaxes=True,
+                           subplot_titles=("training loss (mean over continuation tokens)", "held-out greedy α̂"))
+    steps = [r["step"] for r in report.losses]
+    for name in ("loss", "ce", "divergence"):
+        figure.add_scatter(x=steps, y=[r[name] for r in report.losses], name=name, row=1, col=1)
+    figure.add_scatter(x=[e["step"] for e in report.evals], y=[e["acceptance_rate"] for e in report.evals],
+                       name="α̂", mode="lines+markers", row=2, col=1)
+    figure.update_xaxes(title_text="optimizer step", row=2, col=1)
+    figure.write_html(path, include_plotlyjs=True)

@@ -1,0 +1,137 @@
+"""`python -m specdec experiment align-distill`: seed 000's table, at small scale, on this machine.
+
+Drafts for one target, measured on held-out domain prompts that training never sees:
+  (a) the same-family draft (shares the target's tokenizer);
+  (b) a draft of another family, its ids fed naively across vocabularies;
+  (c) the same draft through the text bridge;
+  (d) the same draft transplanted onto the target's tokenizer (by token string; d' by index, seed 000's way);
+  (e) (d) distilled on the target's own continuations of domain prompts.
+Table: draft | tokenizer | α̂ | mean accepted length | ms per token | speedup vs the target alone, all measured
+in one run (part "measure"); part "distill" trains (e) and is resumable. Run each part under the heavy lock.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..align import transplant_vocabulary
+from ..bridge import NaiveCrossVocabDrafter, TextBridgeDrafter
+from ..engine import autoregressive_generate, speculative_generate
+from ..inputs import vocab_size
+from ..models import default_name, load_draft, load_model, transpose_head_storage
+from .distill import add_distill_arguments, config_from, distill_to_folder, prompt_ids
+
+PARTS = ("distill", "measure", "all")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("experiment", help="reproducible experiments (align-distill: seed 000's table)")
+    experiments = p.add_subparsers(dest="experiment", required=True)
+    e = experiments.add_parser("align-distill", help="aligned vs unaligned vs distilled drafts on held-out prompts")
+    e.add_argument("--target", default=default_name("target"), help="target model (default: the catalogue's)")
+    e.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto")
+    e.add_argument("--same-draft", default=default_name("draft"), help="draft of the target's family (row a)")
+    e.add_argument("--other-draft", default="smollm2-135m-instruct", help="draft of another family (rows b-e)")
+    e.add_argument("--part", choices=PARTS, default="all", help="distill (train e), measure (the table), or all")
+    e.add_argument("--k", type=int, default=5, help="draft tokens per round (seed 000: 5)")
+    e.add_argument("--measure-max-new-tokens", type=int, default=48, help="tokens generated per held-out prompt")
+    add_distill_arguments(e)
+    e.add_argument("--out", default="runs/align-distill", help="run folder (reused to resume)")
+    e.set_defaults(func=run)
+
+
+@dataclass
+class Row:
+    """One line of the table: a draft measured on every held-out prompt."""
+
+    draft: str  # what drafts, e.g. "(c) smollm2-135m-instruct via text bridge"
+    tokenizer: str  # whose tokenizer the draft uses
+    acceptance_rate: float  # α̂ pooled over prompts (accepted / (accepted + rejections))
+    mean_accepted_length: float  # tokens per target forward, pooled (incl. the target's token)
+    ms_per_token: float  # total wall time / total emitted tokens
+    speedup: float  # target alone ms per token / this row's
+    identical_outputs: str  # "n/N" prompts whose greedy output equals the target alone's
+
+
+def run(args) -> int:
+    out = Path(args.out)
+    target = load_model(args.target, dtype=args.dtype)
+    train = prompt_ids(args.prompts, args.split, target.tokenizer)
+    held_out = prompt_ids(args.eval_prompts or args.prompts, "heldout", target.tokenizer)[:args.eval_limit]
+    other = load_model(args.other_draft, dtype=target.dtype)
+    if args.part in ("distill", "all"):
+        aligned = transplanted(other, target, "string")
+        distill_to_folder(target, aligned, train, held_out, config_from(args), out / "distill",
+                          max_new_tokens=args.max_new_tokens, resume=True)
+    if args.part in ("measure", "all"):
+        rows = measure(args, target, other, held_out, out)
+        print(_markdown(rows))
+    return 0
+
+
+def transplanted(other, target, method: str):
+    """A copy of `other` (a LoadedModel) with the target's tokenizer and logit width."""
+    clone = copy.copy(other)
+    clone.model = copy.deepcopy(other.model)
+    transplant_vocabulary(clone.model, other.tokenizer, target.tokenizer, method=method,
+                          rows=vocab_size(target.model))
+    transpose_head_storage(clone.model)  # the same load-time speed lever as every other model here
+    clone.tokenizer, clone.name = target.tokenizer, f"{other.name} ({method} transplant)"
+    return clone
+
+
+def measure(args, target, other, held_out: list[list[int]], out: Path) -> list[Row]:
+    """Every row of the table, measured here in one run; writes table.md and results.json."""
+    autoregressive_generate(target, held_out[0], max_new_tokens=2)  # warm-up: first calls are slower
+    alone = [autoregressive_generate(target, ids, max_new_tokens=args.measure_max_new_tokens) for ids in held_out]
+    alone_ms = _ms_per_token(alone)
+    distilled_folder = out / "distill" / "draft"
+    contenders = [
+        (f"(a) {args.same_draft}", "target's", lambda: load_draft(args.same_draft, target, bridge=False)),
+        (f"(b) {other.name}, ids fed naively", f"{other.name}'s", lambda: NaiveCrossVocabDrafter(other)),
+        (f"(c) {other.name} via text bridge", f"{other.name}'s", lambda: TextBridgeDrafter(other, target.tokenizer)),
+        (f"(d) {other.name} transplanted by string", "target's (hard-cloned)",
+         lambda: transplanted(other, target, "string")),
+        (f"(d') {other.name} transplanted by index", "target's (hard-cloned)",
+         lambda: transplanted(other, target, "index")),
+    ]
+    if distilled_folder.is_dir():
+        contenders.append((f"(e) (d) distilled", "target's (hard-cloned)",
+                           lambda: load_model(str(distilled_folder), dtype=target.dtype)))
+    rows = [Row("target alone", "target's", float("nan"), 1.0, alone_ms, 1.0, f"{len(alone)}/{len(alone)}")]
+    for label, tokenizer, make in contenders:
+        draft = make()
+        results = [speculative_generate(target, draft, ids, k=args.k, max_new_tokens=args.measure_max_new_tokens)
+                   for ids in held_out]
+        rows.append(_row(label, tokenizer, results, alone, alone_ms))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(
+        {"target": target.name, "dtype": target.dtype, "k": args.k, "prompts": len(held_out),
+         "max_new_tokens": args.measure_max_new_tokens, "rows": [asdict(r) for r in rows]}, indent=1))
+    (out / "table.md").write_text(_markdown(rows))
+    return rows
+
+
+def _row(label: str, tokenizer: str, results, alone, alone_ms: float) -> Row:
+    accepted = sum(r.stats.accepted_tokens for r in results)
+    rejections = sum(r.stats.rejections for r in results)
+    rounds = sum(r.stats.rounds for r in results)
+    ms = _ms_per_token(results)
+    same = sum(r.token_ids == a.token_ids for r, a in zip(results, alone))
+    return Row(label, tokenizer, accepted / max(accepted + rejections, 1), 1 + accepted / max(rounds, 1), ms,
+               alone_ms / ms, f"{same}/{len(results)}")
+
+
+def _ms_per_token(results) -> float:
+    return 1000 * sum(r.stats.wall_time_s for r in results) / max(sum(len(r.token_ids) for r in results), 1)
+
+
+def _markdown(rows: list[Row]) -> str:
+    lines = ["| draft | tokenizer | α̂ | mean accepted length | ms per token | speedup vs target alone | "
+             "greedy output = target's |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r.draft} | {r.tokenizer} | {'—' if math.isnan(r.acceptance_rate) else f'{r.acceptance_rate:.3f}'} | {r.mean_accepted_length:.2f} | "
+              f"{r.ms_per_token:.0f} | {r.speedup:.2f}x | {r.identical_outputs} |" for r in rows]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,69 @@
+"""The alignment CLIs end to end on tiny models saved as folders: tokcheck, align, distill, experiment."""
+import json
+
+import pytest
+
+from specdec.cli import main
+from specdec.testing import tiny_model, tiny_bpe_tokenizer
+
+
+def save(folder, arch, seed, tokenizer, **kwargs):
+    model = tiny_model(arch, seed=seed, vocab_size=len(tokenizer), **kwargs)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    target_tok, other_tok = tiny_bpe_tokenizer("bytelevel", 400), tiny_bpe_tokenizer("metaspace", 300)
+    prompts = root / "prompts.jsonl"
+    texts = ["def price(option, curve):", "import QuantLib as ql", "The risk of the", "df['EBITDA_Margin'] =",
+             "def CalcBlackScholesVega(S, K, T, r, sigma):", "return option.npv("]
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "category": "finance", "template": "raw", "prompt": t,
+                                           "split": "heldout" if i >= 4 else "dev"}) + "\n"
+                               for i, t in enumerate(texts)))
+    return {"target": save(root / "target", "llama", 0, target_tok),
+            "same": save(root / "same", "llama", 1, target_tok, layers=1),
+            "other": save(root / "other", "llama", 2, other_tok, layers=1, hidden=32),
+            "prompts": str(prompts), "root": root}
+
+
+def test_tokcheck_prints_the_report(folders, capsys):
+    assert main(["tokcheck", "--target", folders["target"], "--draft", folders["other"], "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["identical"] is False and report["target_embedding_rows"] == 400
+    assert 0 < report["boundary_mismatch_rate"] < 1
+
+
+def test_align_writes_a_draft_that_loads_with_the_target_tokenizer(folders, capsys):
+    out = folders["root"] / "aligned"
+    assert main(["align", "--target", folders["target"], "--draft", folders["other"], "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "vllm serve" in printed and "warning" not in printed
+    assert json.loads((out / "alignment.json").read_text())["rows"] == 400
+    assert main(["tokcheck", "--target", folders["target"], "--draft", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["identical"] is True
+
+
+def test_distill_refuses_an_unaligned_draft(folders, capsys):
+    code = main(["distill", "--target", folders["target"], "--draft", folders["other"], "--prompts",
+                 folders["prompts"], "--steps", "2", "--out", str(folders["root"] / "refused")])
+    assert code == 1 and "vocabulary mismatch" in capsys.readouterr().err
+
+
+def test_experiment_runs_both_parts_and_writes_the_table(folders, capsys):
+    out = folders["root"] / "experiment"
+    args = ["experiment", "align-distill", "--target", folders["target"], "--same-draft", folders["same"],
+            "--other-draft", folders["other"], "--prompts", folders["prompts"], "--steps", "3", "--eval-every", "0",
+            "--max-new-tokens", "6", "--eval-max-new-tokens", "6", "--measure-max-new-tokens", "8", "--k", "3",
+            "--out", str(out)]
+    assert main(args) == 0
+    report = json.loads((out / "distill" / "report.json").read_text())
+    assert report["steps_done"] == 3 and len(report["evals"]) == 2
+    assert (out / "distill" / "loss.html").stat().st_size > 1000
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert [r["draft"][:3] for r in rows] == ["tar", "(a)", "(b)", "(c)", "(d)", "(d'", "(e)"]
+    assert all(r["identical_outputs"] == "2/2" for r in rows)  # greedy: every draft leaves the output unchanged
+    assert "| (e) (d) distilled |" in (out / "table.md").read_text()
