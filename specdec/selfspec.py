@@ -1,0 +1,266 @@
+"""Self-speculation: the target drafts for itself with its first L decoder layers.
+
+Draft & Verify (Zhang et al. 2023) and LayerSkip (Elhoushi et al. 2024): an early exit of the
+target, here its first L decoder layers followed by its own final norm and LM head, is a draft
+that needs no second model, no extra weights and always shares the target's tokenizer. The
+draft is a *view* of the target: every parameter is the target's own tensor; only the KV cache
+of the L layers is new memory. `calibrate_layers` picks L by the cost-aware bound of Leviathan et
+al. 2023 measured on a few prompts; `recommend_fallback` compares the best L with prompt lookup
+(`specdec.lookup`) for the acceptance probe.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+
+from .drafters import Drafter, ModelDrafter
+from .engine import autoregressive_generate, speculative_generate
+from .inputs import unwrap
+from .lookup import PromptLookupDraft
+from .trace import DecodeStats
+
+# model_type -> (attribute of the base model in the causal LM, attribute of its decoder layer list)
+DECODER_LAYOUT = {
+    "llama": ("model", "layers"),
+    "qwen2": ("model", "layers"),
+    "gpt2": ("transformer", "h"),
+}
+
+
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The target's decoder layer list; ValueError for an architecture this module does not know."""
+    model_type = getattr(model.config, "model_type", None)
+    if model_type not in DECODER_LAYOUT:
+        raise ValueError(
+            f"self-speculation does not support model_type {model_type!r} yet (supported: "
+            f"{', '.join(DECODER_LAYOUT)}); use a draft model or `--draft lookup` instead")
+    base_name, list_name = DECODER_LAYOUT[model_type]
+    return getattr(getattr(model, base_name), list_name)
+
+
+def layer_view(model: torch.nn.Module, layers: int) -> torch.nn.Module:
+    """A causal LM running the first `layers` decoder layers of `model`, then its final norm and LM head.
+
+    Built from shallow copies with their own child dicts and a config copy saying `layers`
+    layers (so a DynamicCache gets that many), so `model` is never modified and every parameter
+    of the view is one of `model`'s tensors.
+    """
+    total = len(decoder_layers(model))
+    if not isinstance(layers, int) or not 1 <= layers <= total:
+        raise ValueError(
+            f"self-speculation layers must be an integer in 1..{total} (the target has {total} decoder "
+            f"layers), got {layers!r}; e.g. --draft self:{max(1, total // 2)}")
+    base_name, list_name = DECODER_LAYOUT[model.config.model_type]
+    config = _truncated_config(model.config, layers)
+    base = getattr(model, base_name)
+    base_view = _shallow_view(base, config)
+    base_view._modules[list_name] = torch.nn.ModuleList(list(getattr(base, list_name))[:layers])
+    view = _shallow_view(model, config)
+    view._modules[base_name] = base_view
+    return view
+
+
+def _shallow_view(module: torch.nn.Module, config) -> torch.nn.Module:
+    """A shallow copy with its own `_modules` dict (copy.copy alone would share it) and `config`."""
+    view = copy.copy(module)
+    view.__dict__["_modules"] = dict(module._modules)
+    view.__dict__["config"] = config
+    return view
+
+
+def _truncated_config(config, layers: int):
+    config = copy.deepcopy(config)
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = list(config.layer_types[:layers])
+    config.num_hidden_layers = layers
+    return config
+
+
+def tensor_bytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+@dataclass
+class MemoryReport:
+    """What a self-speculative draft adds to the target's memory."""
+
+    layers: int  # decoder layers the draft runs (L)
+    total_layers: int  # decoder layers of the target
+    shared_weight_bytes: int  # bytes of the draft's parameters that are the target's own tensors
+    copied_weight_bytes: int  # bytes of draft parameters that are NOT the target's tensors (0 = no copy)
+    kv_cache_bytes: int  # the draft's KV cache right now (grows with the context)
+
+    @property
+    def added_bytes(self) -> int:
+        """Memory the draft adds on top of the target: copied weights plus its KV cache."""
+        return self.copied_weight_bytes + self.kv_cache_bytes
+
+
+class SelfSpeculativeDraft(ModelDrafter):
+    """The target's first L layers + final norm + LM head as a draft (Zhang et al. 2023; Elhoushi et al. 2024).
+
+    Shares the target's parameters (no copy) and keeps its own KV cache of L layers, rolled back
+    by the rule of `specdec.kv` like any model draft. `target_model` may be a `LoadedModel`.
+    """
+
+    def __init__(self, target_model, layers: int):
+        target_model, _ = unwrap(target_model, None)
+        self.target_model = target_model  # the model whose layers are borrowed (never modified)
+        self.layers = layers  # L, decoder layers run by the draft
+        super().__init__(layer_view(target_model, layers))
+
+    @property
+    def spec(self) -> str:
+        """The `--draft` name of this draft."""
+        return f"self:{self.layers}"
+
+    def memory_report(self) -> MemoryReport:
+        target_ptrs = {p.data_ptr() for p in self.target_model.parameters()}
+        params = list(self.lm.model.parameters())
+        cache_tensors = [t for layer in self.lm.cache.layers for t in (getattr(layer, "keys", None),
+                                                                       getattr(layer, "values", None))
+                         if isinstance(t, torch.Tensor)]
+        return MemoryReport(
+            layers=self.layers,
+            total_layers=len(decoder_layers(self.target_model)),
+            shared_weight_bytes=tensor_bytes(p for p in params if p.data_ptr() in target_ptrs),
+            copied_weight_bytes=tensor_bytes(p for p in params if p.data_ptr() not in target_ptrs),
+            kv_cache_bytes=tensor_bytes(cache_tensors),
+        )
+
+
+@dataclass
+class DraftMeasurement:
+    """One draft measured on a few prompts, greedy, against the target alone in the same run."""
+
+    draft: str  # `--draft` name: "self:L" or "lookup"
+    alpha: float  # pooled acceptance rate over all rounds of all prompts (definition in specdec.trace)
+    cost_ratio: float  # c = mean draft forward time / mean target forward time (0 for a model-free draft)
+    bound: float  # cost-aware bound theory.walltime_speedup(alpha, k, c), Leviathan et al. 2023
+    tokens_per_round: float  # measured emitted tokens per target forward (mean accepted length + 1 target token)
+    drafted_rounds: float  # fraction of rounds in which the draft proposed anything
+    speedup: float  # measured tokens/s of speculative decoding / tokens/s of the target alone
+
+
+@dataclass
+class Calibration:
+    """`calibrate_layers` result: one measurement per candidate L and the L with the best bound."""
+
+    results: list[tuple[int, DraftMeasurement]]  # (L, measurement) for each candidate L, ascending L
+    best_layers: int  # the L maximising the cost-aware bound
+
+    @property
+    def best(self) -> DraftMeasurement:
+        return dict(self.results)[self.best_layers]
+
+    def to_dict(self) -> dict:
+        return {"best_layers": self.best_layers,
+                "results": [{"layers": layers, **asdict(m)} for layers, m in self.results]}
+
+
+def default_candidates(total_layers: int) -> list[int]:
+    """L at 1/4, 3/8, 1/2, 5/8 and 3/4 of the depth (for 28 layers: 7, 10, 14, 18, 21); [1] for tiny models."""
+    picks = {max(1, round(total_layers * eighths / 8)) for eighths in (2, 3, 4, 5, 6)}
+    return sorted(layers for layers in picks if layers < total_layers) or [1]
+
+
+def calibrate_layers(target_model, prompts_ids, k: int = 4, candidates: list[int] | None = None,
+                     max_new_tokens: int = 32) -> Calibration:
+    """Measure alpha, c, the bound and the real speedup of self-speculation for each candidate L.
+
+    Greedy decoding of `max_new_tokens` on each prompt; the best L maximises
+    theory.walltime_speedup(alpha, k, c) (the cost-aware bound) pooled over the prompts.
+    """
+    return _calibrate(_Runner(target_model, prompts_ids, k, max_new_tokens), candidates)
+
+
+def _calibrate(run: "_Runner", candidates: list[int] | None) -> Calibration:
+    model = run.model
+    candidates = default_candidates(len(decoder_layers(model))) if candidates is None else sorted(set(candidates))
+    if not candidates:
+        raise ValueError("calibrate_layers needs at least one candidate number of layers")
+    results = [(layers, run.measure(f"self:{layers}", lambda: SelfSpeculativeDraft(model, layers)))
+               for layers in candidates]
+    best_layers = max(results, key=lambda item: item[1].bound)[0]
+    return Calibration(results, best_layers)
+
+
+def recommend_fallback(target_model, prompts_ids, k: int = 4, candidates: list[int] | None = None,
+                       max_new_tokens: int = 32) -> dict:
+    """Which draft-free fallback to use for this target on these prompts: self-speculation or prompt lookup.
+
+    Calibrates L (`calibrate_layers`), measures prompt lookup on the same prompts, and picks the one
+    with the higher measured speedup over the target alone. Returns a JSON-able dict with both
+    measurements, the calibration table, `best_draft` (a `--draft` name, or None when neither
+    beats the target alone) and a one-line `recommendation`.
+    """
+    run = _Runner(target_model, prompts_ids, k, max_new_tokens)
+    calibration = _calibrate(run, candidates)
+    lookup = run.measure("lookup", PromptLookupDraft)
+    self_spec = calibration.best
+    winner, other = sorted([self_spec, lookup], key=lambda m: m.speedup, reverse=True)
+    return {
+        "k": k,
+        "prompts": len(prompts_ids),
+        "self_speculation": {"layers": calibration.best_layers, **asdict(self_spec)},
+        "prompt_lookup": asdict(lookup),
+        "calibration": calibration.to_dict()["results"],
+        "best_draft": winner.draft if winner.speedup > 1.0 else None,
+        "recommendation": _recommendation(winner, other, len(prompts_ids)),
+    }
+
+
+def _recommendation(winner: DraftMeasurement, other: DraftMeasurement, prompts: int) -> str:
+    if winner.speedup <= 1.0:
+        return (f"Neither draft-free fallback beats the target alone on these {prompts} prompts "
+                f"({_describe(winner)}: {winner.speedup:.2f}x, {_describe(other)}: {other.speedup:.2f}x): "
+                "turn speculation off, or retrain the draft.")
+    return (f"Fall back to {_describe(winner)} (--draft {winner.draft}): measured {winner.speedup:.2f}x over the "
+            f"target alone (alpha={winner.alpha:.2f}, c={winner.cost_ratio:.2f}, bound {winner.bound:.2f}x) on "
+            f"{prompts} prompts; {_describe(other)} measured {other.speedup:.2f}x.")
+
+
+def _describe(measurement: DraftMeasurement) -> str:
+    if measurement.draft == "lookup":
+        return "prompt lookup"
+    return f"self-speculation with the first {measurement.draft.split(':')[1]} layers"
+
+
+class _Runner:
+    """Runs drafts on fixed prompts against a target-alone baseline measured once."""
+
+    def __init__(self, target_model, prompts_ids, k: int, max_new_tokens: int):
+        if not prompts_ids:
+            raise ValueError("give at least one prompt to measure drafts on")
+        model, tokenizer = unwrap(target_model, None)
+        self.model, self.tokenizer, self.prompts = model, tokenizer, list(prompts_ids)
+        self.k, self.max_new_tokens = k, max_new_tokens
+        autoregressive_generate(model, self.prompts[0], max_new_tokens=2, tokenizer=tokenizer)  # warm-up, untimed
+        self.baseline_tokens_per_s = _tokens_per_s([
+            autoregressive_generate(model, p, max_new_tokens=max_new_tokens, tokenizer=tokenizer)
+            for p in self.prompts])
+
+    def measure(self, name: str, make_drafter: Callable[[], Drafter]) -> DraftMeasurement:
+        """Greedy-generate every prompt with a fresh drafter; pool all rounds into one DecodeStats."""
+        results = [speculative_generate(self.model, make_drafter(), p, k=self.k,
+                                        max_new_tokens=self.max_new_tokens, tokenizer=self.tokenizer)
+                   for p in self.prompts]
+        rounds = [r for result in results for r in result.rounds]
+        stats = DecodeStats.from_rounds(rounds, self.k)
+        return DraftMeasurement(
+            draft=name,
+            alpha=stats.acceptance_rate,
+            cost_ratio=stats.cost_ratio,
+            bound=stats.expected_walltime_speedup,
+            tokens_per_round=stats.mean_accepted_length,
+            drafted_rounds=sum(bool(r.draft_token_ids) for r in rounds) / max(len(rounds), 1),
+            speedup=_tokens_per_s(results) / self.baseline_tokens_per_s,
+        )
+
+
+def _tokens_per_s(results) -> float:
+    """Pooled emitted tokens / pooled wall time over several generations."""
+    return sum(r.stats.emitted_tokens for r in results) / sum(r.stats.wall_time_s for r in results)
