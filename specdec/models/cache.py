@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import os
 import shutil
+import threading
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -47,7 +48,7 @@ def atomic_path(final: Path) -> Iterator[Path]:
     finished `final` first, its result is kept and ours dropped.
     """
     final.parent.mkdir(parents=True, exist_ok=True)
-    partial = final.with_name(f"{final.name}.partial-{os.getpid()}")
+    partial = final.with_name(f"{final.name}.partial-{os.getpid()}-{threading.get_ident()}")
     _remove(partial)
     try:
         yield partial

@@ -115,12 +115,12 @@ def _resolve(spec: str, dtype: str, progress: Progress | None) -> tuple[str, Pat
 
 def _resolve_entry(entry: entries.CatalogueEntry, dtype: str, progress: Progress | None) -> tuple[Path, str]:
     """Try the entry's sources in order: cache, package, local hub caches, then downloads."""
-    if dtype in cache.converted_dtypes(entry.name):
+    converted = cache.converted_dtypes(entry.name)
+    if dtype in converted:
         return cache.converted_dir(entry.name, dtype), "cache"
-    if entry.package and entry.package.installed():
+    if "float32" in converted or (entry.package and entry.package.installed()):  # bfloat16 derives from float32
         gguf = lambda: _assembled(entry.package, progress)  # noqa: E731 - called only when converting
-        fresh = not cache.converted_dtypes(entry.name)
-        return convert.ensure_converted(entry.name, dtype, gguf, progress), "package" if fresh else "cache"
+        return convert.ensure_converted(entry.name, dtype, gguf, progress), "cache" if converted else "package"
     if entry.hub_id and (folder := hub.cached_snapshot(entry.hub_id)):
         return folder, "hub"
     if entry.modelscope_id and (folder := hub.modelscope_cached(entry.modelscope_id)):
