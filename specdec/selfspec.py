@@ -25,7 +25,10 @@ from .trace import DecodeStats
 # model_type -> (attribute of the base model in the causal LM, attribute of its decoder layer list)
 DECODER_LAYOUT = {
     "llama": ("model", "layers"),
-    "qwen2": ("model", "layers"),
+    "qwen2": ("model", "layers"),  # also Qwen1.5
+    "qwen3": ("model", "layers"),
+    "mistral": ("model", "layers"),
+    "gemma3_text": ("model", "layers"),
     "gpt2": ("transformer", "h"),
 }
 
@@ -174,10 +177,11 @@ def calibrate_layers(target_model, prompts_ids, k: int = 4, candidates: list[int
     Greedy decoding of `max_new_tokens` on each prompt; the best L maximises
     theory.walltime_speedup(alpha, k, c) (the cost-aware bound) pooled over the prompts.
     """
-    return _calibrate(_Runner(target_model, prompts_ids, k, max_new_tokens), candidates)
+    return calibrate_on(DraftTrials(target_model, prompts_ids, k, max_new_tokens), candidates)
 
 
-def _calibrate(run: "_Runner", candidates: list[int] | None) -> Calibration:
+def calibrate_on(run: DraftTrials, candidates: list[int] | None) -> Calibration:
+    """`calibrate_layers` on prompts (and a baseline) already set up in `run`."""
     model = run.model
     candidates = default_candidates(len(decoder_layers(model))) if candidates is None else sorted(set(candidates))
     if not candidates:
@@ -197,8 +201,8 @@ def recommend_fallback(target_model, prompts_ids, k: int = 4, candidates: list[i
     measurements, the calibration table, `best_draft` (a `--draft` name, or None when neither
     beats the target alone) and a one-line `recommendation`.
     """
-    run = _Runner(target_model, prompts_ids, k, max_new_tokens)
-    calibration = _calibrate(run, candidates)
+    run = DraftTrials(target_model, prompts_ids, k, max_new_tokens)
+    calibration = calibrate_on(run, candidates)
     lookup = run.measure("lookup", PromptLookupDraft)
     self_spec = calibration.best
     winner, other = sorted([self_spec, lookup], key=lambda m: m.speedup, reverse=True)
@@ -229,8 +233,8 @@ def _describe(measurement: DraftMeasurement) -> str:
     return f"self-speculation with the first {measurement.draft.split(':')[1]} layers"
 
 
-class _Runner:
-    """Runs drafts on fixed prompts against a target-alone baseline measured once."""
+class DraftTrials:
+    """Runs drafts on fixed prompts, greedy, against a target-alone baseline measured once (after a warm-up)."""
 
     def __init__(self, target_model, prompts_ids, k: int, max_new_tokens: int):
         if not prompts_ids:

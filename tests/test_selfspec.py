@@ -6,6 +6,7 @@ import psutil
 import pytest
 import torch
 from scipy.stats import chisquare
+from transformers import AutoModelForCausalLM, Gemma3TextConfig, MistralConfig, Qwen3Config
 
 from specdec import autoregressive_generate, speculative_generate, theory
 from specdec.lookup import PromptLookupDraft
@@ -14,6 +15,18 @@ from specdec.selfspec import (DraftMeasurement, SelfSpeculativeDraft, _recommend
 from specdec.testing import tiny_model
 
 PROMPT = [5, 6, 7, 8, 9, 10, 5, 6]
+OTHER_CONFIGS = {  # supported families that specdec.testing does not build
+    "qwen3": Qwen3Config, "mistral": MistralConfig,
+    "gemma3_text": lambda **kw: Gemma3TextConfig(head_dim=16, sliding_window=4, **kw),  # sliding-window layers
+}
+
+
+def other_tiny_model(model_type: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = OTHER_CONFIGS[model_type](
+        vocab_size=128, bos_token_id=1, eos_token_id=2, pad_token_id=0, hidden_size=64, intermediate_size=128,
+        num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    return AutoModelForCausalLM.from_config(config).eval()
 
 
 def final_norm(model):
@@ -117,6 +130,19 @@ def test_all_layers_draft_is_the_target_and_is_always_accepted():
     stats = speculative_generate(model, SelfSpeculativeDraft(model, 2), PROMPT, k=4, max_new_tokens=16,
                                  eos_token_id=[]).stats
     assert stats.acceptance_rate == 1.0 and stats.accepted_tokens == stats.draft_tokens > 0
+
+
+@pytest.mark.parametrize("model_type", list(OTHER_CONFIGS))
+def test_other_families_view_and_greedy_identity(model_type):
+    model = other_tiny_model(model_type)
+    ids = torch.tensor([PROMPT])
+    with torch.no_grad():
+        full = model(ids, output_hidden_states=True)
+        torch.testing.assert_close(layer_view(model, 2)(ids).logits,
+                                   model.lm_head(model.model.norm(full.hidden_states[2])))
+    alone = autoregressive_generate(model, PROMPT, max_new_tokens=13, eos_token_id=[])
+    spec = speculative_generate(model, SelfSpeculativeDraft(model, 2), PROMPT, k=4, max_new_tokens=13, eos_token_id=[])
+    assert spec.token_ids == alone.token_ids
 
 
 # --- sampling law: the first two tokens follow the target's exact law (chi-square) ---
