@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+
 from ..align import save_aligned
 from ..distill import DIVERGENCES, DistillConfig, DistillReport, cached_examples, distill
 from ..inputs import check_vocabularies
@@ -44,14 +46,22 @@ def add_distill_arguments(p) -> None:
     p.add_argument("--max-new-tokens", type=int, default=48, help="target continuation length per prompt")
     p.add_argument("--on-policy", action="store_true", help="also train on the draft's own continuations")
     p.add_argument("--eval-every", type=int, default=defaults.eval_every)
+    p.add_argument("--threads", type=int, help="torch CPU threads (1 is faster on a busy 2-core machine)")
+    p.add_argument("--checkpoint-every", type=int, default=defaults.checkpoint_every)
     p.add_argument("--eval-k", type=int, default=defaults.eval_k)
     p.add_argument("--eval-max-new-tokens", type=int, default=defaults.eval_max_new_tokens)
+
+
+def apply_threads(args) -> None:
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
 
 def config_from(args) -> DistillConfig:
     return DistillConfig(steps=args.steps, lr=args.lr, batch_size=args.batch_size, grad_accum=args.grad_accum,
                          temperature=args.temperature, alpha=args.alpha, divergence=args.divergence,
-                         top_k=args.top_k or None, eval_every=args.eval_every, eval_k=args.eval_k,
+                         top_k=args.top_k or None, eval_every=args.eval_every,
+                         checkpoint_every=args.checkpoint_every, eval_k=args.eval_k,
                          eval_max_new_tokens=args.eval_max_new_tokens)
 
 
@@ -61,6 +71,7 @@ def prompt_ids(spec: str, split: str | None, tokenizer, limit: int | None = None
 
 
 def run(args) -> int:
+    apply_threads(args)
     target = load_model(args.target, dtype=args.dtype)
     draft = load_draft(args.draft, target, dtype=args.dtype, bridge=False)
     check_vocabularies(target.model, draft.model)

@@ -22,7 +22,7 @@ from ..bridge import NaiveCrossVocabDrafter, TextBridgeDrafter
 from ..engine import autoregressive_generate, speculative_generate
 from ..inputs import vocab_size
 from ..models import default_name, load_draft, load_model, transpose_head_storage
-from .distill import add_distill_arguments, config_from, distill_to_folder, prompt_ids
+from .distill import add_distill_arguments, apply_threads, config_from, distill_to_folder, prompt_ids
 
 PARTS = ("distill", "measure", "all")
 
@@ -57,6 +57,7 @@ class Row:
 
 
 def run(args) -> int:
+    apply_threads(args)
     out = Path(args.out)
     target = load_model(args.target, dtype=args.dtype)
     train = prompt_ids(args.prompts, args.split, target.tokenizer)
