@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -318,6 +317,7 @@ def distill(target, draft, data: list[Example], *, config: DistillConfig = Disti
     checkpoint = Path(checkpoint_dir) if checkpoint_dir else None
     if resume and checkpoint is not None and (checkpoint / STATE_FILE).exists():
         report = _load_checkpoint(checkpoint, draft_model, optimizer)
+        report.config = asdict(config)  # this run's settings (steps may have grown)
     trained, optimizer = accelerator.prepare(draft_model, optimizer)
     labeller = TargetLabeller(target_model, config.temperature, config.top_k)
     start = time.perf_counter()
@@ -417,10 +417,3 @@ def _load_checkpoint(folder: Path, draft_model, optimizer) -> DistillReport:
     optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
     return DistillReport(**json.loads((folder / STATE_FILE).read_text()))
 
-
-def summary(report: DistillReport) -> dict:
-    """First and last held-out acceptance and the last loss, for tables."""
-    first, last = (report.evals[0], report.evals[-1]) if report.evals else ({}, {})
-    return {"acceptance_before": first.get("acceptance_rate", math.nan),
-            "acceptance_after": last.get("acceptance_rate", math.nan),
-            "final_loss": report.losses[-1]["loss"] if report.losses else math.nan}
