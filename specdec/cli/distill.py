@@ -33,6 +33,7 @@ def add_distill_arguments(p) -> None:
     p.add_argument("--prompts", default="finance",
                    help=f"training prompts: a suite ({', '.join(available_suites())}) or a .jsonl/.txt file")
     p.add_argument("--split", default="dev", help="split of --prompts to train on (dev|heldout|all)")
+    p.add_argument("--train-limit", type=int, help="first N training prompts of each category")
     p.add_argument("--eval-prompts", help="held-out prompts (default: --prompts, split heldout)")
     p.add_argument("--eval-limit", type=int, default=4, help="held-out prompts evaluated (first N)")
     p.add_argument("--steps", type=int, default=defaults.steps)
@@ -75,7 +76,7 @@ def run(args) -> int:
     target = load_model(args.target, dtype=args.dtype)
     draft = load_draft(args.draft, target, dtype=args.dtype, bridge=False)
     check_vocabularies(target.model, draft.model)
-    train = prompt_ids(args.prompts, args.split, target.tokenizer)
+    train = prompt_ids(args.prompts, args.split, target.tokenizer, args.train_limit)
     held_out = prompt_ids(args.eval_prompts or args.prompts, "heldout", target.tokenizer)[:args.eval_limit]
     report = distill_to_folder(target, draft, train, held_out, config_from(args), Path(args.out),
                                max_new_tokens=args.max_new_tokens, on_policy=args.on_policy, resume=args.resume)

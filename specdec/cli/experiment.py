@@ -60,7 +60,7 @@ def run(args) -> int:
     apply_threads(args)
     out = Path(args.out)
     target = load_model(args.target, dtype=args.dtype)
-    train = prompt_ids(args.prompts, args.split, target.tokenizer)
+    train = prompt_ids(args.prompts, args.split, target.tokenizer, args.train_limit)
     held_out = prompt_ids(args.eval_prompts or args.prompts, "heldout", target.tokenizer)[:args.eval_limit]
     other = load_model(args.other_draft, dtype=target.dtype)
     if args.part in ("distill", "all"):
