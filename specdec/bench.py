@@ -32,6 +32,7 @@ from . import theory
 from .advisor import advise
 from .engine import autoregressive_generate, speculative_generate
 from .inputs import resolve_eos, unwrap
+from .schedule import K_AUTO_START
 from .suites import Prompt, encode
 
 RESULTS_JSONL = "results.jsonl"
@@ -138,6 +139,7 @@ def _cell(target_model, entry: Contender, k, prompt: Prompt, ids: list[int], con
         "new_tokens": len(ours.token_ids),
         "target_alone_s": alone.seconds, "target_alone_tokens": len(alone.token_ids),
         "target_alone_tok_s": alone.tokens_per_s,
+        "target_step_s": _ratio(alone.result.stats.target_time_s, alone.result.stats.rounds),
         "ours_s": ours.seconds, "ours_tok_s": ours.tokens_per_s,
         "hf_assisted_s": _field(assisted, "seconds"), "hf_assisted_tok_s": _field(assisted, "tokens_per_s"),
         "hf_plain_s": _field(plain, "seconds"), "hf_plain_tok_s": _field(plain, "tokens_per_s"),
@@ -212,7 +214,7 @@ def _time_hf(target_model, assistant, ids: list[int], k, config: BenchConfig) ->
 
     def run():
         torch.manual_seed(config.seed)
-        with _constant_schedule(assistant, k), torch.inference_mode():
+        with _assistant_schedule(assistant, k), torch.inference_mode():
             out = target_model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
                                         generation_config=generation_config, assistant_model=assistant)
         return out[0, len(ids):].tolist(), None  # new tokens only
@@ -229,18 +231,21 @@ def _hf_generation_config(target_model, config: BenchConfig) -> GenerationConfig
 
 
 @contextlib.contextmanager
-def _constant_schedule(assistant, k):
+def _assistant_schedule(assistant, k):
     """HF reads the draft length from the *assistant's* generation_config (transformers 5.x,
-    `AssistedCandidateGenerator.__init__`); set k, the constant schedule and no confidence
-    threshold (default 0.4 would end drafts early), then restore the assistant's config."""
+    `AssistedCandidateGenerator.__init__`): set k with the constant schedule, or for k="auto" HF's
+    own adaptive rule ("heuristic_transient": +2 after an all-accepted round, -1 otherwise) from
+    our starting k; no confidence threshold (its default 0.4 would end drafts early). The
+    assistant's config is restored afterwards."""
     if assistant is None:
         yield
         return
     config = assistant.generation_config
     saved = {name: getattr(config, name, None) for name in
              ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")}
-    config.num_assistant_tokens = int(k)
-    config.num_assistant_tokens_schedule = "constant"
+    adaptive = k == "auto"
+    config.num_assistant_tokens = K_AUTO_START if adaptive else int(k)
+    config.num_assistant_tokens_schedule = "heuristic_transient" if adaptive else "constant"
     config.assistant_confidence_threshold = 0.0
     try:
         yield
@@ -257,7 +262,7 @@ def _warm_up(target_model, contenders: list[Contender], ks: list, ids: list[int]
     for entry in contenders:
         _time_ours(target_model, entry.draft, ids, ks[0], short)
         if entry.hf_assistant is not None:
-            _time_hf(target_model, entry.hf_assistant, ids, ks[0] if isinstance(ks[0], int) else 4, short)
+            _time_hf(target_model, entry.hf_assistant, ids, ks[0], short)
 
 
 # --- the run folder --------------------------------------------------------------------------
@@ -312,6 +317,7 @@ class Summary:
     k: str  # draft length ("auto" for the adaptive k)
     category: str  # category, or "all"
     prompts: int  # cells pooled
+    mean_drafted: float  # tokens drafted per round (= k for a fixed k, except near the length limit)
     acceptance_rate: float  # pooled alpha-hat = sum accepted / sum (accepted + rejections)
     mean_accepted_length: float  # 1 + sum accepted / sum rounds
     cost_ratio: float  # pooled c = (draft time / draft forwards) / (target time / rounds)
@@ -329,6 +335,8 @@ class Summary:
     target_share: float  # ... in target verification forwards
     prefill_share: float  # ... in prompt prefill
     overhead_share: float  # ... in everything else (sampling, verification, bookkeeping, Python)
+    verify_vs_step: float  # mean verification forward (k+1 tokens) / mean target-alone forward (1 token);
+    #                        Leviathan's bound assumes 1: above 1 the bound is out of reach
 
 
 def summarise(rows: list[dict]) -> list[Summary]:
@@ -358,7 +366,8 @@ def _pool(key: tuple, rows: list[dict]) -> Summary:
     wall = total("engine_wall_s")
     inside = total("prefill_time_s") + total("draft_time_s") + total("target_time_s")
     return Summary(
-        draft=draft, k=k, category=category, prompts=len(rows), acceptance_rate=alpha,
+        draft=draft, k=k, category=category, prompts=len(rows), mean_drafted=_safe(total("draft_tokens"), rounds),
+        acceptance_rate=alpha,
         mean_accepted_length=1.0 + _safe(accepted, rounds), cost_ratio=c,
         theoretical_speedup=theory.expected_tokens_per_step(alpha, k_eff),
         cost_aware_bound=theory.walltime_speedup(alpha, k_eff, c),
@@ -370,6 +379,7 @@ def _pool(key: tuple, rows: list[dict]) -> Summary:
         hf_identical=_count_true(rows, "hf_assisted_equals_target_alone"),
         draft_share=_safe(total("draft_time_s"), wall), target_share=_safe(total("target_time_s"), wall),
         prefill_share=_safe(total("prefill_time_s"), wall), overhead_share=_safe(wall - inside, wall),
+        verify_vs_step=_safe(_safe(total("target_time_s"), rounds), _mean(r["target_step_s"] for r in rows)),
     )
 
 
@@ -386,6 +396,11 @@ def _pooled_rate(rows: list[dict], seconds_field: str) -> float | None:
 def _count_true(rows: list[dict], name: str) -> str:
     values = [r[name] for r in rows if r[name] is not None]
     return f"{sum(values)}/{len(values)}" if values else "-"
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else 0.0
 
 
 def _safe(a: float, b: float) -> float:
@@ -413,6 +428,7 @@ PROFILE_COLUMNS = (
     ("draft", "draft", "{}"), ("k", "k", "{}"), ("draft forwards", "draft_share", "{:.0%}"),
     ("target forwards", "target_share", "{:.0%}"), ("prefill", "prefill_share", "{:.0%}"),
     ("overhead", "overhead_share", "{:.0%}"),
+    ("verify forward / target step", "verify_vs_step", "{:.2f}"),
 )
 
 
@@ -429,8 +445,13 @@ def format_report(rows: list[dict]) -> str:
     for category in _categories(summaries):
         parts += [f"## {category}", _markdown([s for s in summaries if s.category == category], COLUMNS)]
     overall = [s for s in summaries if s.category == "all"]
-    parts += ["## Where our wall time goes (all prompts)", _markdown(overall, PROFILE_COLUMNS)]
+    parts += ["## Where our wall time goes (all prompts)",
+              "Shares of our engine's wall time. The last column is the cost of one verification forward "
+              "(k+1 tokens) relative to one target-alone step (1 token): the bound assumes it is 1.",
+              _markdown(overall, PROFILE_COLUMNS)]
     parts += ["## k advisor (Leviathan optimal k from the measured α̂ and c)", _advice_table(rows, summaries)]
+    if any(s.k == "auto" for s in overall):
+        parts += ['## k="auto" vs the best fixed k (all prompts)', _auto_table(overall)]
     parts += ["## Issue targets", _targets_table(summaries)]
     parts += ["## Greedy divergences", _divergences(rows)]
     return "\n\n".join(parts) + "\n"
@@ -494,6 +515,21 @@ ADVICE_COLUMNS = (
 
 def _advice_table(rows: list[dict], summaries: list[Summary]) -> str:
     return _markdown(advice_rows(rows, summaries), ADVICE_COLUMNS)
+
+
+def _auto_table(overall: list[Summary]) -> str:
+    lines = ["| draft | auto: measured speedup | mean k drafted | best fixed k | its measured speedup | auto / best fixed |",
+             "|---|---|---|---|---|---|"]
+    for draft in sorted({s.draft for s in overall}):
+        auto = next((s for s in overall if s.draft == draft and s.k == "auto"), None)
+        fixed = [s for s in overall if s.draft == draft and s.k.isdigit()]
+        if auto is None or not fixed:
+            continue
+        best = max(fixed, key=lambda s: s.speedup_vs_target_alone)
+        lines.append(f"| {draft} | {auto.speedup_vs_target_alone:.2f}x | {auto.mean_drafted:.2f} | {best.k} | "
+                     f"{best.speedup_vs_target_alone:.2f}x | "
+                     f"{_safe(auto.speedup_vs_target_alone, best.speedup_vs_target_alone):.2f} |")
+    return "\n".join(lines)
 
 
 @dataclass

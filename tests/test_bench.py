@@ -9,7 +9,7 @@ from specdec.bench import (BenchConfig, contender, first_divergence, format_repo
                            summarise, target_checks)
 from specdec.cli import main
 from specdec.suites import SUITES_DIR, available_suites, load_suite
-from specdec.testing import perturbed_copy, tiny_model, tiny_tokenizer
+from specdec.testing import perturbed_copy, tiny_folder, tiny_model, tiny_tokenizer
 
 TEXT_SUITES = ("chat", "code", "finance", "medical", "summarisation", "math", "translation")
 
@@ -174,19 +174,17 @@ def test_first_divergence():
 
 # --- the CLI on tiny folders -----------------------------------------------------------------
 
-def tiny_folder(path, seed):
-    tokenizer = tiny_tokenizer()
-    tiny_model("llama", seed, vocab_size=len(tokenizer)).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
+def ids_folder(path, seed):
+    """A tiny HF folder whose vocabulary covers the token ids of the `tiny` suite (< 128)."""
+    return str(tiny_folder(path, seed=seed, extra_rows=128 - len(tiny_tokenizer())))
 
 
 def test_cli_bench_on_tiny_suite_end_to_end(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-    target = tiny_folder(tmp_path / "target", seed=0)
+    target = ids_folder(tmp_path / "target", seed=0)
     out = tmp_path / "run"
     argv = ["bench", "--target", target, "--draft", target, "lookup", "--suite", "tiny", "--limit", "1",
-            "--k", "1", "3", "--max-new-tokens", "6", "--dtype", "float32", "--out", str(out)]
+            "--k", "1", "auto", "--max-new-tokens", "6", "--dtype", "float32", "--out", str(out)]
     assert main(argv) == 0
     printed = capsys.readouterr()
     assert "## all" in printed.out
@@ -196,7 +194,10 @@ def test_cli_bench_on_tiny_suite_end_to_end(tmp_path, monkeypatch, capsys):
     assert all(r["ours_equals_target_alone"] for r in rows)
     for name in ("results.csv", "summary.md", "speedup_vs_k.html", "categories.html", "config.json"):
         assert (out / name).exists(), name
-    assert "HF assisted tok/s" in (out / "summary.md").read_text()
+    summary = (out / "summary.md").read_text()
+    assert "HF assisted tok/s" in summary and 'k="auto" vs the best fixed k' in summary
+    auto = [r for r in rows if r["k"] == "auto" and r["draft"] == target]
+    assert auto and all(r["hf_assisted_tok_s"] for r in auto)  # HF's own adaptive schedule
     assert main(argv) == 0  # resumed: nothing left to run, same summary
     assert len((out / "results.jsonl").read_text().splitlines()) == len(rows)
 

@@ -6,20 +6,18 @@ import pytest
 from specdec.cli import main
 from specdec.probe import probe, sample_prompts
 from specdec.suites import load_suite
-from specdec.testing import tiny_model, tiny_tokenizer
+from specdec.testing import tiny_folder, tiny_model, tiny_tokenizer
 
 
-def tiny_folder(path, seed):
-    tokenizer = tiny_tokenizer()
-    tiny_model("llama", seed, vocab_size=len(tokenizer)).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return str(path)
+def ids_folder(path, seed):
+    """A tiny HF folder whose vocabulary covers the token ids of the `tiny` suite (< 128)."""
+    return str(tiny_folder(path, seed=seed, extra_rows=128 - len(tiny_tokenizer())))
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("probe")
-    return tiny_folder(root / "target", seed=0), tiny_folder(root / "unrelated", seed=7)
+    return ids_folder(root / "target", seed=0), ids_folder(root / "unrelated", seed=7)
 
 
 def test_probe_passes_a_draft_equal_to_the_target():
