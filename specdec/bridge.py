@@ -14,6 +14,8 @@ Pass either as the `draft` of `specdec.speculative_generate`, or build one with 
 """
 from __future__ import annotations
 
+import time
+
 from .align import decode_text
 from .drafters import ModelDrafter, Proposal, SamplingPolicy
 from .inputs import unwrap, vocab_size
@@ -54,21 +56,23 @@ class TextBridgeDrafter:
         return self.lm.forward(draft_ids[:-1])[1] if len(draft_ids) > 1 else 0.0
 
     def propose(self, context_ids: list[int], n: int, policy: SamplingPolicy) -> Proposal:
+        start = time.perf_counter()  # time_s includes the (re-)tokenisation, not just the forwards
         draft_context = self._draft_context(context_ids)
         feed = self.lm.pending(draft_context)
-        continuation, elapsed, ended = [], 0.0, False
+        continuation, ended = [], False
         proposal: list[int] = []
         while not ended and len(proposal) < n and len(continuation) < n + EXTRA_DRAFT_TOKENS:
-            logits, seconds = self.lm.forward(feed)
-            elapsed += seconds
+            logits, _ = self.lm.forward(feed)
             token = int(logits[-1, :self.draft_vocab].argmax())
             continuation.append(token)
             ended = token in self.draft_eos
             text = _text_after(self.draft_tokenizer, draft_context[-ANCHOR_TOKENS:], continuation)
+            if not ended:
+                text = text.rstrip("\ufffd")  # a character whose bytes are not all drafted yet
             target_ids = _tokens_after(self.target_tokenizer, context_ids[-ANCHOR_TOKENS:], text)
             proposal = target_ids if ended else target_ids[:-1]  # the last one may be a word cut short
             feed = [token]
-        return Proposal(proposal[:n], None, elapsed, len(continuation))
+        return Proposal(proposal[:n], None, time.perf_counter() - start, len(continuation))
 
     def _draft_context(self, context_ids: list[int]) -> list[int]:
         """The draft tokenization of the decoded target context."""
