@@ -202,6 +202,12 @@ def make_batch(examples: list[Example], device="cpu") -> Batch:
     return Batch(*(t.to(device) for t in (input_ids, attention, next_ids, loss_mask, on_policy)))
 
 
+def hard_labels(batch: Batch, target_argmax: torch.Tensor) -> torch.Tensor:
+    """CE targets [B, L]: the next token for target-generated rows, the target's argmax for on-policy rows
+    (the draft's own tokens are not worth imitating)."""
+    return torch.where(batch.on_policy[:, None], target_argmax, batch.next_ids)
+
+
 class TargetLabeller:
     """Soft labels from the target for a batch; with top_k they are computed once per example and kept."""
 
@@ -348,7 +354,7 @@ def _step(accelerator, draft, optimizer, labeller, data, step: int, config: Dist
         batch = make_batch([data[i] for i in indices], accelerator.device)
         with accelerator.accumulate(draft):
             labels, target_argmax = labeller(indices, batch)
-            hard = torch.where(batch.on_policy[:, None], target_argmax, batch.next_ids)  # [B, L]
+            hard = hard_labels(batch, target_argmax)  # [B, L]
             logits = _loss_position_logits(draft, batch)  # [N, V]: N = loss positions of the batch
             keep = batch.loss_mask
             parts = distill_loss(logits, _select(labels, keep), hard[keep], torch.ones_like(hard[keep]),

@@ -8,7 +8,7 @@ import torch
 
 from specdec import distill as distill_module
 from specdec.distill import (DistillConfig, Example, cached_examples, distill, distill_loss, generate_examples,
-                             make_batch, soft_labels, speculative_distill_loss)
+                             hard_labels, make_batch, soft_labels, speculative_distill_loss)
 from specdec.testing import tiny_model
 
 
@@ -77,6 +77,12 @@ def test_batch_masks_prompt_and_padding():
     batch = make_batch([Example([5, 6], [7, 8, 9]), Example([5], [4])])
     assert batch.loss_mask.tolist() == [[False, True, True, True, False], [True, False, False, False, False]]
     assert batch.next_ids[0].tolist() == [6, 7, 8, 9, -100] and batch.attention_mask[1].tolist() == [1, 1, 0, 0, 0]
+
+
+def test_on_policy_rows_learn_the_targets_argmax():
+    batch = make_batch([Example([5], [7, 8]), Example([5], [7, 8], source="draft")])
+    target_argmax = torch.tensor([[9, 9, 9], [9, 9, 9]])
+    assert hard_labels(batch, target_argmax).tolist() == [[7, 8, -100], [9, 9, 9]]
 
 
 def test_target_continuations_are_cached(tmp_path, monkeypatch):
