@@ -17,7 +17,7 @@ from specdec import DecodeStats, GenerationResult, Round
 
 from .config import K_RANGE, AppConfig
 
-UPDATE_INTERVAL_S = 0.15  # at most ~7 page updates per second; rounds arriving faster are batched
+UPDATE_INTERVAL_S = 1.0  # at most one page update a second: rendering shares the CPU (and the GIL) with the decode
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Drive the dashboard in headless Chromium: run each tab, wait for its results, save screenshots.
 
 Used by tests/test_browser.py and to make the screenshots of the issue note:
-    python -m ui.screenshots http://127.0.0.1:7860 /work/notes/screenshots
+    python -m ui.screenshots http://127.0.0.1:7860 /work/notes/screenshots [live,compare,theory]
 """
 from __future__ import annotations
 
@@ -44,15 +44,19 @@ def run_compare(page, timeout_ms: int) -> None:
     page.wait_for_selector("#compare-plot .main-svg", timeout=timeout_ms)
 
 
-def run_theory(page, timeout_ms: int) -> None:
+def run_theory(page, timeout_ms: int, k_max: int = 4) -> None:
+    """Sweep k = 1..k_max (of the sweep's k values) on the theory tab."""
     open_tab(page, "Theory vs measurement")
+    page.locator("#k-max input[type=number]").fill(str(k_max))
+    page.locator("#k-max input[type=number]").press("Enter")
     page.click("#sweep-run")
     wait_for_text(page, "#sweep-status", "done", timeout_ms)
     page.wait_for_selector("#theory-plot .main-svg", timeout=timeout_ms)
 
 
-def screenshots(url: str, out_dir: str | Path, timeout_ms: int = 600_000) -> list[Path]:
-    """Run every tab once and save one full-page PNG per tab into `out_dir`; return the paths."""
+def screenshots(url: str, out_dir: str | Path, tabs: tuple[str, ...] = ("live", "compare", "theory"),
+                timeout_ms: int = 600_000) -> list[Path]:
+    """Run each of `tabs` once and save one full-page PNG per tab into `out_dir`; return the paths."""
     from playwright.sync_api import sync_playwright
 
     out_dir = Path(out_dir)
@@ -62,8 +66,9 @@ def screenshots(url: str, out_dir: str | Path, timeout_ms: int = 600_000) -> lis
         browser = open_browser(playwright)
         page = browser.new_page(viewport=VIEWPORT)
         page.goto(url)
-        for name, run in (("live", run_live), ("compare", run_compare), ("theory", run_theory)):
-            run(page, timeout_ms)
+        runs = {"live": run_live, "compare": run_compare, "theory": run_theory}
+        for name in tabs:
+            runs[name](page, timeout_ms)
             path = out_dir / f"{name}.png"
             page.screenshot(path=str(path), full_page=True)
             saved.append(path)
@@ -72,5 +77,6 @@ def screenshots(url: str, out_dir: str | Path, timeout_ms: int = 600_000) -> lis
 
 
 if __name__ == "__main__":
-    for saved_path in screenshots(sys.argv[1], sys.argv[2]):
+    chosen = tuple(sys.argv[3].split(",")) if len(sys.argv) > 3 else ("live", "compare", "theory")
+    for saved_path in screenshots(sys.argv[1], sys.argv[2], chosen):
         print(saved_path)

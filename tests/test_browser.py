@@ -1,0 +1,36 @@
+"""A real browser (Playwright + Debian's chromium) runs a decode on the tiny models and sees its results."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from test_app_server import app_server  # noqa: F401 - the served app fixture
+from ui.screenshots import CHROMIUM, VIEWPORT, open_browser, run_live
+
+pytestmark = pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason="needs Debian's chromium (.ci/run installs it)")
+TIMEOUT_MS = 120_000
+
+
+def test_browser_decode_shows_coloured_chips_round_table_and_plots(app_server, tmp_path):  # noqa: F811
+    from playwright.sync_api import sync_playwright
+
+    url, _ = app_server
+    with sync_playwright() as playwright:
+        browser = open_browser(playwright)
+        page = browser.new_page(viewport=VIEWPORT)
+        page.goto(url)
+        run_live(page, TIMEOUT_MS)
+        chips = page.locator("#chips-box .chip")
+        assert chips.count() > 10
+        colours = {page.locator(f"#chips-box .chip-{kind}").first.evaluate("e => getComputedStyle(e).backgroundColor")
+                   for kind in ("correction", "rejected")}
+        assert len(colours) == 2 and "rgba(0, 0, 0, 0)" not in colours  # coloured, and differently
+        assert "line-through" in page.locator("#chips-box .chip-rejected").first.evaluate(
+            "e => getComputedStyle(e).textDecorationLine")
+        assert "[" in page.locator("#round-table").inner_text()
+        assert page.locator("#histogram-plot .main-svg").count() >= 1
+        assert "measured speedup" in page.locator("#stats-box").inner_text()
+        page.screenshot(path=str(tmp_path / "live.png"), full_page=True)
+        browser.close()
+    assert (tmp_path / "live.png").stat().st_size > 10_000
