@@ -61,8 +61,8 @@ def _round_chips(index: int, r: Round) -> list[tuple[str, int, str]]:
     chips = []
     for position, token in enumerate(r.draft_token_ids):
         kind = "accepted" if position < r.num_accepted else "rejected" if position == r.num_accepted else "unreached"
-        chips.append((kind, token, f"round {index}, draft position {position + 1}: {KIND_HELP[kind]}\n"
-                                   f"p_draft = {r.draft_probs[position]:.3f}\np_target = {r.target_probs[position]:.3f}"))
+        probabilities = f"p_draft = {r.draft_probs[position]:.3f}\np_target = {r.target_probs[position]:.3f}"
+        chips.append((kind, token, f"round {index}, draft position {position + 1}: {KIND_HELP[kind]}\n{probabilities}"))
     kind = "bonus" if r.is_bonus else "correction"
     chips.append((kind, r.target_token_id, f"round {index}: {KIND_HELP[kind]} (token id {r.target_token_id})"))
     return chips

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 K_RANGE = (1, 10)  # draft tokens per round offered by the dashboard
-MODEL_DRAFTERS = ("lookup", "self:2", "self:4")  # drafters that need no second model (prompt lookup, first L target layers)
+MODEL_DRAFTERS = ("lookup", "self:4", "self:8", "self:14")  # need no second model: prompt lookup, first L target layers
 DTYPES = ("float32", "bfloat16")
 
 PROMPTS = {  # preset name -> prompt text

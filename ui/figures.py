@@ -46,8 +46,8 @@ def figure(title: str, x_title: str, y_title: str, series: list[Series], y_range
 def running_acceptance(rounds: list[Round], k: int) -> go.Figure:
     """α̂ over the rounds seen so far (the engine's own aggregation of each prefix of rounds)."""
     alphas = [DecodeStats.from_rounds(rounds[:n], k).acceptance_rate for n in range(1, len(rounds) + 1)]
-    return figure("running acceptance rate α̂", "round", "α̂", [Series("α̂", list(range(1, len(rounds) + 1)), alphas)],
-                  y_range=(0, 1.05))
+    series = [Series("α̂", list(range(1, len(rounds) + 1)), alphas)]
+    return figure("running acceptance rate α̂", "round", "α̂", series, y_range=(0, 1.05))
 
 
 def accepted_length_histogram(rounds: list[Round], k: int) -> go.Figure:
@@ -70,8 +70,10 @@ def speedup_curves(alpha: float, c: float, k_max: int, measured: list[tuple[int,
     best = theory.optimal_k(alpha, c, k_max)
     best_value = theory.walltime_speedup(alpha, best, c)
     series = [
-        Series("(1−α^(k+1))/(1−α)  tokens per target forward", ks, [theory.expected_tokens_per_step(alpha, k) for k in ks]),
-        Series("cost-aware bound (1−α^(k+1))/((1−α)(kc+1))", ks, [theory.walltime_speedup(alpha, k, c) for k in ks]),
+        Series("(1−α^(k+1))/(1−α)  tokens per target forward", ks,
+               [theory.expected_tokens_per_step(alpha, k) for k in ks]),
+        Series("cost-aware bound (1−α^(k+1))/((1−α)(kc+1))", ks,
+               [theory.walltime_speedup(alpha, k, c) for k in ks]),
         Series(f"optimal k = {best}", [best], [best_value], kind="markers", text=[f"k*={best}"]),
     ]
     if measured:

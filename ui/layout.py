@@ -113,9 +113,10 @@ def build_demo(config: AppConfig, hub: ModelHub | None = None) -> gr.Blocks:
                     with gr.Column(scale=1, min_width=300):
                         alpha = gr.Slider(0.0, 1.0, value=0.7, step=0.01, label="α (acceptance rate)")
                         cost = gr.Slider(0.0, 1.0, value=0.3, step=0.01, label="c (draft/target forward cost)")
-                        k_max = gr.Slider(2, K_MAX, value=10, step=1, label="largest k shown (and swept)", elem_id="k-max")
-                        sweep_run = gr.Button(f"Measure a k sweep (k = {', '.join(map(str, SWEEP_KS))}) with the "
-                                              "live tab's pair and prompt", elem_id="sweep-run")
+                        k_max = gr.Slider(2, K_MAX, value=10, step=1, label="largest k shown (and swept)",
+                                          elem_id="k-max")
+                        sweep_run = gr.Button(f"Measure a k sweep (k in {', '.join(map(str, SWEEP_KS))}, up to the "
+                                              "largest k) with the live tab's pair and prompt", elem_id="sweep-run")
                         gr.Markdown(THEORY_MD, latex_delimiters=[{"left": "$", "right": "$", "display": False}])
                     with gr.Column(scale=2):
                         theory_plot = gr.Plot(handlers.theory_figure(0.7, 0.3, 10, []), elem_id="theory-plot")
