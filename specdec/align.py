@@ -16,6 +16,7 @@ the decoded text of the single token, where the raw strings differ.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -317,6 +318,23 @@ def _update_config(model, target_tok, rows: int, tied: bool) -> None:
     if generation is not None:
         for role in ("bos", "eos", "pad"):
             setattr(generation, f"{role}_token_id", getattr(target_tok, f"{role}_token_id", None))
+
+
+@torch.no_grad()
+def bits_per_character(model, tokenizer, texts) -> float:
+    """Cross-entropy of `model` on `texts` in bits per character (comparable across tokenizers): how well a
+    transplanted draft still models text before any training. The first token of each text is not scored."""
+    nats = characters = 0.0
+    for text in texts:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) < 2:
+            continue
+        logits = model(input_ids=torch.tensor([ids])).logits[0, :-1].float()  # [T-1, V]
+        nats += float(F.cross_entropy(logits, torch.tensor(ids[1:]), reduction="sum"))
+        characters += len(text) - len(decode_text(tokenizer, ids[:1]))
+    if not characters:
+        raise ValueError("no text long enough to score: give texts of at least two tokens")
+    return nats / math.log(2) / characters
 
 
 def save_aligned(model, target_tok, out_dir, summary: TransplantSummary | None = None) -> Path:

@@ -4,7 +4,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specdec import autoregressive_generate, speculative_generate
-from specdec.align import (compare_words, format_report, piece_sources, save_aligned, shared_token_map,
+from specdec.align import (bits_per_character, compare_words, format_report, piece_sources, save_aligned, shared_token_map,
                            token_texts, tokenizer_report, transplant_vocabulary)
 from specdec.testing import TINY_CORPUS, tiny_model, tiny_bpe_tokenizer
 
@@ -91,7 +91,7 @@ def test_index_and_string_methods_differ_when_orders_differ():
     target_tok = tiny_bpe_tokenizer("bytelevel", 400)
     draft_tok = tiny_bpe_tokenizer("bytelevel", 360, corpus=TINY_CORPUS[2:])  # same family, other merges
     shared = shared_token_map(target_tok, draft_tok)
-    moved = [(t, d) for t, d in shared.items() if t != d]
+    moved = sorted((t, d) for t, d in shared.items() if t != d and t < len(draft_tok))  # index copies row t
     assert moved
     results = {}
     for method in ("string", "index"):
@@ -125,6 +125,15 @@ def test_tied_embeddings_stay_tied_and_the_saved_draft_runs(tmp_path, tokenizers
     result = speculative_generate(target, loaded, prompt, k=3, max_new_tokens=12, tokenizer=loaded_tok,
                                   eos_token_id=[])
     assert result.token_ids == alone.token_ids and result.stats.draft_tokens > 0
+
+
+def test_string_transplant_onto_its_own_tokenizer_changes_nothing(tokenizers):
+    target_tok, _ = tokenizers
+    model = tiny_model("llama", seed=6, vocab_size=len(target_tok))
+    before = bits_per_character(model, target_tok, TINY_CORPUS)
+    summary = transplant_vocabulary(model, target_tok, target_tok)
+    assert summary.copied == len(target_tok)
+    assert bits_per_character(model, target_tok, TINY_CORPUS) == pytest.approx(before, rel=1e-6)
 
 
 def test_bad_method_and_rows(tokenizers):

@@ -67,3 +67,10 @@ def test_experiment_runs_both_parts_and_writes_the_table(folders, capsys):
     assert [r["draft"][:3] for r in rows] == ["tar", "(a)", "(b)", "(c)", "(d)", "(d'", "(e)"]
     assert all(r["identical_outputs"] == "2/2" for r in rows)  # greedy: every draft leaves the output unchanged
     assert "| (e) (d) distilled |" in (out / "table.md").read_text()
+
+
+def test_transplant_check_scores_both_methods(folders, capsys):
+    assert main(["experiment", "transplant-check", "--target", folders["target"], "--draft", folders["other"],
+                 "--prompts", folders["prompts"]]) == 0
+    printed = capsys.readouterr().out
+    assert "with its own tokenizer" in printed and "by string" in printed and "by index" in printed

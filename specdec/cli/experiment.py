@@ -17,11 +17,12 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..align import transplant_vocabulary
+from ..align import DEFAULT_TEXTS, bits_per_character, transplant_vocabulary
 from ..bridge import NaiveCrossVocabDrafter, TextBridgeDrafter
 from ..engine import autoregressive_generate, speculative_generate
 from ..inputs import vocab_size
 from ..models import default_name, load_draft, load_model, transpose_head_storage
+from ..suites import load_suite
 from .distill import add_distill_arguments, apply_threads, config_from, distill_to_folder, prompt_ids
 
 PARTS = ("distill", "measure", "all")
@@ -41,6 +42,12 @@ def register(subparsers) -> None:
     add_distill_arguments(e)
     e.add_argument("--out", default="runs/align-distill", help="run folder (reused to resume)")
     e.set_defaults(func=run)
+    t = experiments.add_parser("transplant-check", help="bits per character of a draft before/after transplant "
+                                                        "(string vs index); loads the draft and the target tokenizer only")
+    t.add_argument("--target", default=default_name("target"), help="whose tokenizer to transplant onto")
+    t.add_argument("--draft", default="smollm2-135m-instruct")
+    t.add_argument("--prompts", default="finance", help="suite or file whose text prompts are scored")
+    t.set_defaults(func=run_transplant_check)
 
 
 @dataclass
@@ -70,6 +77,27 @@ def run(args) -> int:
     if args.part in ("measure", "all"):
         rows = measure(args, target, other, held_out, out)
         print(_markdown(rows))
+    return 0
+
+
+def run_transplant_check(args) -> int:
+    """How much language modelling survives each transplant, before any distillation (no target model)."""
+    from transformers import AutoTokenizer
+
+    from ..models.loading import prepare
+
+    texts = [p.prompt for p in load_suite(args.prompts) if isinstance(p.prompt, str)] + list(DEFAULT_TEXTS)
+    target_tokenizer = AutoTokenizer.from_pretrained(prepare(args.target)[0])
+    draft = load_model(args.draft)
+    print(f"{len(texts)} texts, {sum(map(len, texts))} characters; bits per character (lower is better):")
+    print(f"  {draft.name} with its own tokenizer: {bits_per_character(draft.model, draft.tokenizer, texts):.3f}")
+    for method in ("string", "index"):
+        model = copy.deepcopy(draft.model)
+        summary = transplant_vocabulary(model, draft.tokenizer, target_tokenizer, method=method,
+                                        rows=len(target_tokenizer))
+        print(f"  transplanted by {method} onto the target tokenizer: "
+              f"{bits_per_character(model, target_tokenizer, texts):.3f}  ({summary.copied} rows copied, "
+              f"{summary.from_pieces} from pieces, {summary.initialised} initialised)")
     return 0
 
 
