@@ -18,7 +18,7 @@ def write_tiny_models(folder: str | Path, context: int = 512) -> dict[str, str]:
     target = tiny_model("llama", seed=0, vocab_size=len(tokenizer), context=context)
     models_by_role = {
         "target": (target, tokenizer),
-        "draft": (perturbed_copy(target, noise=0.5, seed=1), tokenizer),
+        "draft": (perturbed_copy(target, noise=0.1, seed=1), tokenizer),
         "unaligned": (tiny_model("llama", seed=7, vocab_size=len(other_tokenizer), layers=1, context=context),
                       other_tokenizer),
     }
