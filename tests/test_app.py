@@ -128,7 +128,7 @@ def test_compare_runs_each_draft_and_reports_the_one_that_cannot(hub, paths):
     assert "chip-" in aligned and "chip-" in naive
     assert "vocabulary mismatch" in as_is
     assert status.startswith("done: 2 draft(s)")
-    assert list(table.columns)[1:] == [f"1: {paths['draft']} (as is)", f"2: {paths['unaligned']} (naive ids)"]
+    assert list(table.columns)[1:] == ["1: tiny-draft (as is)", "2: tiny-unaligned (naive ids)"]
     assert table.iloc[-1]["metric"].startswith("measured speedup")
     assert len(chart.data) == 2
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from pathlib import Path
 from typing import NamedTuple
 
 import gradio as gr
@@ -139,7 +140,7 @@ def compare(hub: ModelHub, target, prompt, k, max_new_tokens, *drafts_and_bridge
         except ValueError as error:  # one draft that cannot run says why; the others still run
             panels[i] = f'<div class="compare-error">⚠ {name} ({bridge}): {error}</div>'
             continue
-        results[f"{i + 1}: {name} ({bridge})"] = result
+        results[f"{i + 1}: {Path(name).name} ({bridge})"] = result  # a folder's last part keeps columns narrow
         panels[i] = chips_html(result.rounds, target_model.tokenizer, request.prompt)
     if not results:
         yield (*panels, None, None, "no draft could run: see the messages above")
