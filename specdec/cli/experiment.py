@@ -75,8 +75,7 @@ def run(args) -> int:
         distill_to_folder(target, aligned, train, held_out, config_from(args), out / "distill",
                           max_new_tokens=args.max_new_tokens, resume=True)
     if args.part in ("measure", "all"):
-        rows = measure(args, target, other, held_out, out)
-        print(_markdown(rows))
+        measure(args, target, other, held_out, out)
     return 0
 
 
@@ -131,12 +130,14 @@ def measure(args, target, other, held_out: list[list[int]], out: Path) -> list[R
         contenders.append((f"(e) (d) distilled", "target's (hard-cloned)",
                            lambda: load_model(str(distilled_folder), dtype=target.dtype)))
     rows = [Row("target alone", "target's", float("nan"), 1.0, alone_ms, 1.0, f"{len(alone)}/{len(alone)}")]
+    out.mkdir(parents=True, exist_ok=True)
+    print(_markdown(rows), end="", flush=True)  # each row is printed as soon as it is measured
     for label, tokenizer, make in contenders:
         draft = make()
         results = [speculative_generate(target, draft, ids, k=args.k, max_new_tokens=args.measure_max_new_tokens)
                    for ids in held_out]
         rows.append(_row(label, tokenizer, results, alone, alone_ms))
-    out.mkdir(parents=True, exist_ok=True)
+        print(_markdown(rows[-1:]).splitlines()[-1], flush=True)
     (out / "results.json").write_text(json.dumps(
         {"target": target.name, "dtype": target.dtype, "k": args.k, "prompts": len(held_out),
          "max_new_tokens": args.measure_max_new_tokens, "rows": [asdict(r) for r in rows]}, indent=1))
