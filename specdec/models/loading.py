@@ -134,7 +134,7 @@ def _resolve_entry(entry: entries.CatalogueEntry, dtype: str, progress: Progress
             except ValueError as error:
                 reasons.append(str(error))
     raise ValueError(f"{entry.name} is not available on this machine. To get it: {entry.how_to_get()}. "
-                     + " ".join(reasons))
+                     + " | ".join(reasons))
 
 
 def _assembled(package: entries.PackageSource, progress: Progress | None) -> Path:
