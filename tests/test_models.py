@@ -251,3 +251,12 @@ def test_add_model_arguments():
     assert (args.target, args.dtype) == ("x", "auto")
     with pytest.raises(SystemExit):
         parser.parse_args(["--target", "x", "--dtype", "float16"])
+
+
+@pytest.mark.parametrize("spec, drafter", [("lookup", "PromptLookupDraft"), ("self:1", "SelfSpeculativeDraft")])
+def test_load_draft_model_free_drafters_stay_lossless(spec, drafter, tmp_path):
+    target = load_model(str(tiny_folder(tmp_path / "t")))
+    draft = load_draft(spec, target)
+    assert type(draft).__name__ == drafter
+    spec_ids = speculative_generate(target, draft, "def print the", k=3, max_new_tokens=10).token_ids
+    assert spec_ids == autoregressive_generate(target, "def print the", max_new_tokens=10).token_ids
