@@ -153,10 +153,18 @@ def cached_examples(model, prompts: list[list[int]], cache_dir, *, max_new_token
     path = Path(cache_dir) / f"{source}-continuations-{key}.jsonl"
     if path.exists():
         return load_examples(path)
-    examples = generate_examples(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
-                                 seed=seed, source=source)
-    save_examples(examples, path)
-    return examples
+    partial = path.with_suffix(".partial")  # one line per finished prompt: a killed run keeps its work
+    done = load_examples(partial) if partial.exists() else []
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    with partial.open("a") as file:
+        for i in range(len(done), len(prompts)):
+            example = generate_examples(model, prompts[i:i + 1], max_new_tokens=max_new_tokens,
+                                        temperature=temperature, seed=seed + i, source=source)[0]
+            file.write(json.dumps(asdict(example)) + "\n")
+            file.flush()
+            done.append(example)
+    partial.rename(path)
+    return done
 
 
 def _fingerprint(model) -> list:
@@ -164,12 +172,6 @@ def _fingerprint(model) -> list:
     model, _ = unwrap(model, None)
     head = model.get_output_embeddings().weight
     return [type(model).__name__, list(head.shape), round(float(head[:64].detach().double().sum()), 4)]
-
-
-def save_examples(examples: list[Example], path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(asdict(e)) + "\n" for e in examples))
 
 
 def load_examples(path) -> list[Example]:
