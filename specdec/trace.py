@@ -15,6 +15,8 @@ read these fields):
   target's token (vLLM convention; gpt-fast's "mean accepted" excludes it).
 - per_position_acceptance[i] = rounds that accepted position i / rounds that drafted position i.
 - cost_ratio c = mean draft forward time / mean target verification forward time.
+- measured speedup = tokens/s of the speculative run / tokens/s of the target alone on the same
+  prompt and length (`measured_speedup`).
 """
 from __future__ import annotations
 
@@ -112,6 +114,11 @@ class GenerationResult:
         for r, rd in zip(self.rounds, d["rounds"]):
             rd["is_bonus"] = r.is_bonus
         return d
+
+
+def measured_speedup(stats: DecodeStats, baseline: DecodeStats) -> float:
+    """Measured speedup = tokens/s of a speculative run / tokens/s of the target alone (same prompt, length)."""
+    return _ratio(stats.tokens_per_s, baseline.tokens_per_s)
 
 
 def _ratio(a: float, b: float) -> float:

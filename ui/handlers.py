@@ -15,12 +15,13 @@ import pandas as pd
 
 from specdec import GenerationResult, autoregressive_generate, speculative_generate
 from specdec.report import STAT_LINES, baseline_lines
+from specdec.trace import measured_speedup
 
 from . import figures
 from .chips import chips_html
 from .config import PROMPTS
 from .hub import ModelHub
-from .panels import measured_speedup, round_table, stats_html
+from .panels import round_table, stats_html
 from .runs import DecodeRequest, RunControl, partial_result, stream
 
 SWEEP_KS = (1, 2, 3, 4, 6, 8, 10)  # k values of the theory tab's sweep

@@ -9,6 +9,7 @@ import pandas as pd
 import specdec.trace
 from specdec import DecodeStats, GenerationResult
 from specdec.report import STAT_LINES, round_rows
+from specdec.trace import measured_speedup
 
 TABLE_COLUMNS = ("round", "matches", "accepted", "target token", "kind", "produced")  # seed 003's table
 MEASURED_SPEEDUP_HELP = (
@@ -47,11 +48,6 @@ def stats_html(stats: DecodeStats, baseline: DecodeStats | None = None) -> str:
         cards.append(_card(f"{measured_speedup(stats, baseline):.2f}×", "measured speedup", MEASURED_SPEEDUP_HELP,
                            measured=True))
     return f'<div class="stat-cards" id="stats">{"".join(cards)}</div>'
-
-
-def measured_speedup(stats: DecodeStats, baseline: DecodeStats) -> float:
-    """tokens/s of the speculative run over tokens/s of the target alone (see MEASURED_SPEEDUP_HELP)."""
-    return stats.tokens_per_s / baseline.tokens_per_s if baseline.tokens_per_s else 0.0
 
 
 def _card(value: str, label: str, tooltip: str, measured: bool = False) -> str:
