@@ -52,8 +52,7 @@ class TextBridgeDrafter:
         return self.lm.forwards
 
     def prefill(self, prompt_ids: list[int]) -> float:
-        draft_ids = self._draft_context(prompt_ids)
-        return self.lm.forward(draft_ids[:-1])[1] if len(draft_ids) > 1 else 0.0
+        return self.lm.prefill(self._draft_context(prompt_ids))
 
     def propose(self, context_ids: list[int], n: int, policy: SamplingPolicy) -> Proposal:
         start = time.perf_counter()  # time_s includes the (re-)tokenisation, not just the forwards

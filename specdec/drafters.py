@@ -109,10 +109,7 @@ class ModelDrafter:
         return self.lm.tokens_fed
 
     def prefill(self, prompt_ids: list[int]) -> float:
-        """Cache all but the last prompt token (the first round feeds that one)."""
-        if len(prompt_ids) < 2:
-            return 0.0
-        return self.lm.forward(prompt_ids[:-1])[1]
+        return self.lm.prefill(prompt_ids)
 
     def propose(self, context_ids: list[int], n: int, policy: SamplingPolicy) -> Proposal:
         tokens, rows, elapsed = [], [], 0.0

@@ -98,7 +98,7 @@ def _generate(target_model, drafter, input_ids, schedule, max_new_tokens, temper
     eos = resolve_eos(target_model, eos_token_id)
     verifier = CachedLM(target_model)
     start = time.perf_counter()
-    prefill_time = drafter.prefill(prompt) + _prefill(verifier, prompt)
+    prefill_time = drafter.prefill(prompt) + verifier.prefill(prompt)
     emitted: list[int] = []
     rounds: list[Round] = []
     stopped_early = False
@@ -116,11 +116,6 @@ def _generate(target_model, drafter, input_ids, schedule, max_new_tokens, temper
         target_forwards=verifier.forwards, draft_forwards=getattr(drafter, "forwards", 0))
     text = tokenizer.decode(emitted, skip_special_tokens=True) if tokenizer is not None else None
     return GenerationResult(emitted, rounds, stats, text, stopped_early)
-
-
-def _prefill(lm: CachedLM, prompt: list[int]) -> float:
-    """Cache all prompt tokens but the last one, whose logits the first round needs."""
-    return lm.forward(prompt[:-1])[1] if len(prompt) > 1 else 0.0
 
 
 def _round(verifier: CachedLM, drafter: Drafter, context: list[int], n: int,

@@ -43,6 +43,11 @@ class CachedLM:
             self._crop(keep)
         return context[keep:]
 
+    def prefill(self, context: list[int]) -> float:
+        """Read all of `context` but its last token (whose logits the first round needs). Returns seconds."""
+        feed = self.pending(context)[:-1]
+        return self.forward(feed)[1] if feed else 0.0
+
     def _new_cache(self) -> DynamicCache:
         cache = DynamicCache(config=self.model.config)
         cache.activate_past_recording()  # sliding-window layers keep what a rollback needs

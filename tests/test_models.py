@@ -260,3 +260,20 @@ def test_load_draft_model_free_drafters_stay_lossless(spec, drafter, tmp_path):
     assert type(draft).__name__ == drafter
     spec_ids = speculative_generate(target, draft, "def print the", k=3, max_new_tokens=10).token_ids
     assert spec_ids == autoregressive_generate(target, "def print the", max_new_tokens=10).token_ids
+
+
+def test_rows_first_linears_keep_logits_for_every_row_count():
+    from specdec.models.speed import RowsFirstLinear, rows_first_linears
+
+    model = tiny_model("qwen2", 0, vocab_size=128)  # qwen2: q/k/v projections carry a bias
+    ids = torch.tensor([[5, 9, 33, 2, 70, 71, 8, 9, 10]])
+    with torch.inference_mode():
+        before = [model(ids[:, :n]).logits for n in (1, 2, 5, 9)]
+    assert rows_first_linears(model) > 0
+    assert all(type(m) is not torch.nn.Linear for m in model.modules())
+    assert isinstance(model.model.layers[0].mlp.up_proj, RowsFirstLinear)
+    with torch.inference_mode():
+        for n, expected in zip((1, 2, 5, 9), before):
+            torch.testing.assert_close(model(ids[:, :n]).logits, expected, rtol=0, atol=1e-5)
+    model(ids).logits.sum().backward()  # training still reaches the parameters
+    assert model.model.layers[0].mlp.up_proj.weight.grad is not None

@@ -1,34 +1,56 @@
-"""Load-time speed levers that keep logits unchanged (see README "## Models").
+"""Load-time speed levers that keep logits unchanged up to float rounding (see README "## Models").
 
-Why a 2-token forward of Qwen2.5 in float32 costs about twice a 1-token one on this CPU: every fp32
-linear layer does. One row runs a matrix-vector product that streams each weight once; 2-5 rows take
-MKL's GEMM path, which costs about one weight pass per row or two (bf16 takes a kernel that reads the
-weights once for all rows). The largest matrix is the [151936, H] LM head, and there the product over
-a contiguous copy W_t = W.T ([H, V], a plain GEMM) measured 1.1-1.8x faster than `F.linear` over the
-row-major W at every row count, without removing the doubling. `ColumnMajorHead` keeps such a copy
-for fp32 CPU inference; the parameter itself (tied to the input embeddings in some checkpoints) is
-left as it is, so saving, resizing and training see an ordinary Linear. Cost: one more copy of the
-head (0.5 GB for the 0.5B draft, 0.9 GB for the 1.5B target).
+Why a verification forward of k+1 tokens cost several single-token steps in float32 on this CPU:
+every fp32 Linear did. One row runs a matrix-vector product that streams each weight once; 2-16 rows
+of `F.linear(x, W)` take MKL's GEMM path, measured here (AMD EPYC, 2 threads) at ~2.3x the 1-row time
+for 2 rows and ~4.8x for 5, while the same product written `(W @ x.T).T` costs 1.1-1.3x
+(`python -m specdec.models.speed` prints the table). So:
+
+- `RowsFirstLinear`: every float32 CPU Linear computes 2..ROWS_FIRST_MAX rows as W @ x.T (no copy,
+  same parameters); 1 row and long prefills keep `F.linear`.
+- `ColumnMajorHead`: the LM head additionally keeps a contiguous W.T for the 1-row decode step
+  (x @ W_t: ~20% faster than `F.linear` for Qwen's [151936, H] head; costs one more copy of the head,
+  0.5 GB for the 0.5B draft, 0.9 GB for the 1.5B target).
+Parameters stay ordinary (ties, saving, resizing and training see a Linear); training takes `F.linear`.
+SPECDEC_NO_ROWS_FIRST=1 / SPECDEC_NO_HEAD_TRANSPOSE=1 turn a lever off.
 """
 from __future__ import annotations
 
 import os
 
 import torch
-import torch.nn.functional as F
 
 
-class ColumnMajorHead(torch.nn.Linear):
-    """A Linear whose fp32 inference forward multiplies by a cached contiguous W.T."""
+ROWS_FIRST_MAX = 16  # row counts 2..16 (verification of k+1 <= 16 tokens) take the W @ x.T path
+
+
+def _fp32_cpu_inference(module: torch.nn.Linear, x: torch.Tensor) -> bool:
+    weight = module.weight
+    if weight.requires_grad and torch.is_grad_enabled():  # training: autograd through F.linear
+        return False
+    return weight.dtype == x.dtype == torch.float32 and weight.device.type == "cpu"
+
+
+class RowsFirstLinear(torch.nn.Linear):
+    """A Linear that computes 2..ROWS_FIRST_MAX float32 rows as (W @ x.T).T: W [out, in] times x.T [in, rows]."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1]
+        if not 2 <= rows <= ROWS_FIRST_MAX or not _fp32_cpu_inference(self, x):
+            return super().forward(x)
+        y = (self.weight @ x.reshape(rows, -1).T).T.reshape(*x.shape[:-1], self.out_features)  # [..., out]
+        return y if self.bias is None else y + self.bias
+
+
+class ColumnMajorHead(RowsFirstLinear):
+    """The LM head: one row multiplies by a cached contiguous W.T, 2..16 rows as in RowsFirstLinear."""
 
     weight_t: torch.Tensor | None  # [in_features, out_features] copy of weight.T, refreshed when weight changes
     weight_version: int  # weight._version when weight_t was made (in-place updates bump it)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.weight.requires_grad and torch.is_grad_enabled():  # training: the real parameter
-            return F.linear(x, self.weight, self.bias)
-        if self.weight.dtype != torch.float32 or self.weight.device.type != "cpu" or x.dtype != torch.float32:
-            return F.linear(x, self.weight, self.bias)
+        if x.numel() != x.shape[-1] or not _fp32_cpu_inference(self, x):
+            return super().forward(x)
         if self.weight_t is None or self.weight_version != self.weight._version or self.weight_t.shape[1] != self.weight.shape[0]:
             self._refresh()
         logits = x @ self.weight_t  # [..., V]
@@ -43,15 +65,28 @@ class ColumnMajorHead(torch.nn.Linear):
 def apply_speed_levers(model: torch.nn.Module) -> list[str]:
     """Apply the levers that help `model` here; return their names (for the load report)."""
     applied = []
+    if os.environ.get("SPECDEC_NO_ROWS_FIRST") != "1" and rows_first_linears(model):
+        applied.append("rows-first float32 linears")
     if os.environ.get("SPECDEC_NO_HEAD_TRANSPOSE") != "1" and transpose_head_storage(model):
         applied.append("column-major LM head copy")
     return applied
 
 
+def rows_first_linears(model: torch.nn.Module) -> int:
+    """Make every plain float32 CPU Linear a RowsFirstLinear (same parameters, no copy). Returns how many."""
+    swapped = 0
+    for module in model.modules():
+        if type(module) is torch.nn.Linear and module.weight.dtype == torch.float32 \
+                and module.weight.device.type == "cpu":
+            module.__class__ = RowsFirstLinear
+            swapped += 1
+    return swapped
+
+
 def transpose_head_storage(model: torch.nn.Module) -> bool:
     """Make the fp32 CPU LM head a ColumnMajorHead (same parameters, same logits). Returns whether it did."""
     head = model.get_output_embeddings()
-    if type(head) is not torch.nn.Linear:
+    if type(head) not in (torch.nn.Linear, RowsFirstLinear):
         return False
     if head.weight.device.type != "cpu" or head.weight.dtype != torch.float32:
         return False
@@ -59,3 +94,31 @@ def transpose_head_storage(model: torch.nn.Module) -> bool:
     head.register_buffer("weight_t", None, persistent=False)  # a buffer: counted by pools, never saved
     head._refresh()
     return True
+
+
+def _measure_kernels() -> None:
+    """Print F.linear vs (W @ x.T).T vs x @ W.T-contiguous times for the 1.5B target's shapes, by rows."""
+    import time
+
+    def median_ms(run, repeats=7):
+        run()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+        return sorted(times)[repeats // 2] * 1000
+
+    for out_features, in_features, what in [(8960, 1536, "MLP up"), (1536, 8960, "MLP down"), (151936, 1536, "LM head")]:
+        weight = torch.randn(out_features, in_features)
+        weight_t = weight.t().contiguous()
+        for rows in (1, 2, 5):
+            x = torch.randn(rows, in_features)
+            times = [median_ms(lambda: torch.nn.functional.linear(x, weight)), median_ms(lambda: (weight @ x.T).T),
+                     median_ms(lambda: x @ weight_t)]
+            print(f"{what:8s} [{out_features},{in_features}] rows={rows}: F.linear {times[0]:6.1f} ms | "
+                  f"W @ x.T {times[1]:6.1f} ms | x @ W_t {times[2]:6.1f} ms", flush=True)
+
+
+if __name__ == "__main__":
+    _measure_kernels()
