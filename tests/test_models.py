@@ -8,37 +8,16 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 
 from specdec import autoregressive_generate, speculative_generate
 from specdec.models import (LoadedModel, ModelPool, add_model_arguments, catalogue, check_pair, load_draft,
                             load_model, transpose_head_storage)
 from specdec.models import cache, hub
-from specdec.testing import tiny_model
-
-WORDS = "def return if else for while in range print the a of to and is".split()
-
+from specdec.testing import WORDS, tiny_folder, tiny_model, tiny_tokenizer
 
 @pytest.fixture(autouse=True)
 def private_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-
-
-def tiny_tokenizer(words=WORDS) -> PreTrainedTokenizerFast:
-    """A whitespace word-level tokenizer with <pad>/<s>/</s>/<unk> at ids 0..3."""
-    vocab = {token: i for i, token in enumerate(["<pad>", "<s>", "</s>", "<unk>", *words])}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", bos_token="<s>",
-                                   eos_token="</s>", unk_token="<unk>")
-
-
-def tiny_folder(path: Path, seed=0, words=WORDS, extra_rows=0, arch="llama") -> Path:
-    tokenizer = tiny_tokenizer(words)
-    tiny_model(arch, seed, vocab_size=len(tokenizer) + extra_rows).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 def loaded(model, tokenizer, name="m") -> LoadedModel:
