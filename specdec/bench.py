@@ -34,6 +34,7 @@ from .engine import autoregressive_generate, speculative_generate
 from .inputs import resolve_eos, unwrap
 from .schedule import K_AUTO_START
 from .suites import Prompt, encode
+from .trace import first_divergence
 
 RESULTS_JSONL = "results.jsonl"
 RESULTS_CSV = "results.csv"
@@ -157,13 +158,6 @@ def _cell(target_model, entry: Contender, k, prompt: Prompt, ids: list[int], con
         "hf_plain_equals_target_alone": _same(plain, alone) if greedy and plain else None,
         "first_divergence": first_divergence(ours.token_ids, alone.token_ids) if greedy else None,
     }
-
-
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    """Index of the first differing token (or the shorter length when one is a prefix); None if equal."""
-    if a == b:
-        return None
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def _same(timed: Timed, reference: Timed) -> bool:

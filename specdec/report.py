@@ -1,7 +1,7 @@
 """Plain-text and tabular views of a `GenerationResult` (shared by the CLI, dashboard and bench)."""
 from __future__ import annotations
 
-from .trace import DecodeStats, GenerationResult, measured_speedup
+from .trace import DecodeStats, GenerationResult, first_divergence, measured_speedup
 
 STAT_LINES = (  # (field, label, format)
     ("acceptance_rate", "acceptance rate α̂ = accepted/(accepted+rejections)", "{:.3f}"),
@@ -59,8 +59,6 @@ def format_stats(stats: DecodeStats) -> str:
 
 def baseline_lines(result: GenerationResult, baseline: GenerationResult, greedy: bool) -> list[str]:
     """Measured speedup over the target alone and, when greedy, whether the outputs agree."""
-    from .bench import first_divergence
-
     speedup = measured_speedup(result.stats, baseline.stats)
     lines = [f"target alone: {baseline.stats.tokens_per_s:.2f} tokens/s; measured speedup: {speedup:.2f}x"]
     divergence = first_divergence(result.token_ids, baseline.token_ids)

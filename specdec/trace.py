@@ -121,6 +121,13 @@ def measured_speedup(stats: DecodeStats, baseline: DecodeStats) -> float:
     return _ratio(stats.tokens_per_s, baseline.tokens_per_s)
 
 
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """Index of the first differing token (or the shorter length when one is a prefix); None if equal."""
+    if a == b:
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def _ratio(a: float, b: float) -> float:
     return a / b if b else 0.0
 

@@ -5,11 +5,12 @@ import pytest
 
 from specdec import theory
 from specdec.advisor import advise, speedup_curve
-from specdec.bench import (BenchConfig, contender, first_divergence, format_report, read_rows, run_bench,
+from specdec.bench import (BenchConfig, contender, format_report, read_rows, run_bench,
                            summarise, target_checks)
 from specdec.cli import main
 from specdec.suites import SUITES_DIR, available_suites, load_suite
 from specdec.testing import perturbed_copy, tiny_folder, tiny_model, tiny_tokenizer
+from specdec.trace import first_divergence
 
 TEXT_SUITES = ("chat", "code", "finance", "medical", "summarisation", "math", "translation")
 
