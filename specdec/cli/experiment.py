@@ -21,7 +21,7 @@ from ..align import DEFAULT_TEXTS, bits_per_character, transplant_vocabulary
 from ..bridge import NaiveCrossVocabDrafter, TextBridgeDrafter
 from ..engine import autoregressive_generate, speculative_generate
 from ..inputs import vocab_size
-from ..models import default_name, load_draft, load_model, transpose_head_storage
+from ..models import apply_speed_levers, default_name, load_draft, load_model
 from ..suites import load_suite
 from .distill import add_distill_arguments, apply_threads, config_from, distill_to_folder, prompt_ids
 
@@ -106,7 +106,7 @@ def transplanted(other, target, method: str):
     clone.model = copy.deepcopy(other.model)
     transplant_vocabulary(clone.model, other.tokenizer, target.tokenizer, method=method,
                           rows=vocab_size(target.model))
-    transpose_head_storage(clone.model)  # the same load-time speed lever as every other model here
+    apply_speed_levers(clone.model)  # the same load-time speed levers as every other model here
     clone.tokenizer, clone.name = target.tokenizer, f"{other.name} ({method} transplant)"
     return clone
 

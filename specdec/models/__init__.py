@@ -10,10 +10,11 @@ from .entries import CatalogueEntry, catalogue, default_name
 from .loading import LoadedModel, add_model_arguments, load_draft, load_model, resolve_dtype
 from .pair import PairReport, check_pair
 from .pool import ModelPool, default_pool
-from .speed import transpose_head_storage
+from .speed import apply_speed_levers, transpose_head_storage
 
 __all__ = [
     "LoadedModel", "load_model", "load_draft", "add_model_arguments", "check_pair", "PairReport",
     "catalogue", "CatalogueEntry", "default_name", "ModelPool", "default_pool", "cache_root", "resolve_dtype",
+    "apply_speed_levers",
     "transpose_head_storage",
 ]
