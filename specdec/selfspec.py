@@ -163,6 +163,12 @@ class Calibration:
         return {"best_layers": self.best_layers,
                 "results": [{"layers": layers, **asdict(m)} for layers, m in self.results]}
 
+    @classmethod
+    def from_dict(cls, data: dict) -> "Calibration":
+        results = [(r["layers"], DraftMeasurement(**{k: v for k, v in r.items() if k != "layers"}))
+                   for r in data["results"]]
+        return cls(results, data["best_layers"])
+
 
 def default_candidates(total_layers: int) -> list[int]:
     """L at 1/4, 3/8, 1/2, 5/8 and 3/4 of the depth (for 28 layers: 7, 10, 14, 18, 21); [1] for tiny models."""

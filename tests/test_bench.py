@@ -203,6 +203,38 @@ def test_cli_bench_on_tiny_suite_end_to_end(tmp_path, monkeypatch, capsys):
     assert len((out / "results.jsonl").read_text().splitlines()) == len(rows)
 
 
+def test_cli_bench_self_auto_benches_the_calibrated_layer_count(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    target, out = ids_folder(tmp_path / "target", seed=0), tmp_path / "run"
+    argv = ["bench", "--target", target, "--draft", "self:auto", "--self-layers", "2", "1", "--suite", "tiny",
+            "--split", "heldout", "--limit", "1", "--k", "2", "--max-new-tokens", "5", "--dtype", "float32",
+            "--no-hf-generate", "--out", str(out)]
+    assert main(argv) == 0
+    calibration = json.loads((out / "calibration.json").read_text())
+    assert [r["layers"] for r in calibration["results"]] == [1, 2]
+    dev = {p.id: p.category for p in load_suite("tiny", split="dev", limit=1)}
+    assert calibration["settings"]["prompts"] == list(dev) and len(set(dev.values())) == len(dev)  # not heldout
+    assert calibration["settings"]["k"] == 2
+    best = max(calibration["results"], key=lambda r: r["bound"])["layers"]
+    assert calibration["best_layers"] == best
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert {r["draft"] for r in rows} == {f"self:{best}"} and all(r["ours_equals_target_alone"] for r in rows)
+    summary = (out / "summary.md").read_text()
+    assert "self:auto calibration" in summary and f"| {best} (chosen) |" in summary
+    capsys.readouterr()
+    assert main(argv) == 0  # rerun: the stored calibration is reused, nothing is measured again
+    assert "calibrating" not in capsys.readouterr().out
+
+
+def test_self_auto_outside_the_bench_points_to_it(tmp_path):
+    from types import SimpleNamespace
+
+    from specdec.models import load_draft
+
+    with pytest.raises(ValueError, match="self:auto.*bench"):
+        load_draft("self:auto", SimpleNamespace(model=None))
+
+
 def test_cli_bench_bad_input_exits_1(tmp_path, capsys):
     assert main(["bench", "--target", "x", "--draft", "y", "--suite", str(tmp_path / "none.jsonl"),
                  "--out", str(tmp_path / "o")]) == 1

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, Gemma3TextConfig, MistralConfig, 
 
 from specdec import autoregressive_generate, speculative_generate, theory
 from specdec.lookup import PromptLookupDraft
-from specdec.selfspec import (DraftMeasurement, SelfSpeculativeDraft, _recommendation, calibrate_layers,
+from specdec.selfspec import (Calibration, DraftMeasurement, SelfSpeculativeDraft, _recommendation, calibrate_layers,
                               decoder_layers, default_candidates, layer_view, recommend_fallback, tensor_bytes)
 from specdec.testing import tiny_model
 
@@ -221,6 +221,7 @@ def test_calibration_reports_alpha_c_and_the_bound_per_layer():
     assert dict(calibration.results)[3].alpha == 1.0  # all layers: the draft is the target
     assert calibration.best.bound == max(m.bound for _, m in calibration.results)
     assert calibration.to_dict()["best_layers"] == calibration.best_layers
+    assert Calibration.from_dict(calibration.to_dict()) == calibration  # what bench's calibration.json holds
 
 
 def test_recommend_fallback_names_the_measured_winner():

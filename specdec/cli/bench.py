@@ -6,22 +6,31 @@ charts to --out. A rerun with the same --out and settings skips the cells alread
 """
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 from ..bench import BenchConfig, cells_to_run, contender, format_report, run_bench, summarise
 from ..models import add_model_arguments, load_draft, load_model
-from ..suites import available_suites, load_suite
+from ..schedule import K_AUTO_START
+from ..selfspec import Calibration, calibrate_layers
+from ..suites import available_suites, encode, load_suite
 from ..theory import expected_tokens_per_step, walltime_speedup
 
 SUMMARY_MD = "summary.md"
+CALIBRATION_JSON = "calibration.json"
+SELF_AUTO = "self:auto"  # self-speculation with the L that calibrate_layers measures best
+CALIBRATION_TOKENS = 32  # new tokens per calibration prompt (at most --max-new-tokens)
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("bench", help="benchmark drafts and k against the target alone and HF assisted")
     add_model_arguments(p)
     p.add_argument("--draft", nargs="+", required=True,
-                   help="one or more drafts: model specs, 'lookup' (prompt lookup) or 'self:L' (first L layers)")
+                   help="one or more drafts: model specs, 'lookup' (prompt lookup), 'self:L' (first L layers) "
+                        "or 'self:auto' (the L calibration measures best on the suite's dev prompts)")
+    p.add_argument("--self-layers", nargs="+", type=int,
+                   help="candidate L for self:auto (default: 1/4, 3/8, 1/2, 5/8, 3/4 of the target's depth)")
     p.add_argument("--suite", default="all", help=f"built-in suite ({', '.join(available_suites())}), "
                                                   "a .jsonl file, or a text file with one prompt per line")
     p.add_argument("--k", nargs="+", default=["1", "2", "4", "8"], type=parse_k,
@@ -51,21 +60,55 @@ def run(args) -> int:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     prompts = load_suite(args.suite, split=args.split, categories=args.categories, limit=args.limit)
     target = load_model(args.target, dtype=args.dtype)
-    contenders = [contender(spec, load_draft(spec, target, dtype=args.dtype), target) for spec in args.draft]
+    out = Path(args.out)
+    calibration = calibrate_self_auto(target, args, out) if SELF_AUTO in args.draft else None
+    specs = [f"self:{calibration.best_layers}" if spec == SELF_AUTO else spec for spec in args.draft]
+    contenders = [contender(spec, load_draft(spec, target, dtype=args.dtype), target) for spec in specs]
     config = BenchConfig(target=args.target, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                          repeats=args.repeats, seed=args.seed, dtype=target.dtype)
-    out = Path(args.out)
     print(f"target {target.name} ({target.dtype}); drafts {', '.join(c.name for c in contenders)}; "
           f"{len(prompts)} prompts x k {args.k}; HF assisted for: "
           f"{', '.join(c.name for c in contenders if c.hf_assistant is not None) or 'none'}")
     rows = bench_with_progress(target, contenders, prompts, args.k, config, out, hf_plain=not args.no_hf_generate)
-    report = format_report(rows)
+    report = (calibration_text(calibration) if calibration else "") + format_report(rows)
     (out / SUMMARY_MD).write_text(report, encoding="utf-8")
     charts = write_charts(rows, out)
     print(report)
     print(f"wrote {out / 'results.csv'}, {out / 'results.jsonl'}, {out / SUMMARY_MD}, "
           + ", ".join(str(c) for c in charts))
     return 0
+
+
+def calibrate_self_auto(target, args, out: Path) -> Calibration:
+    """Choose L for self:auto: `calibrate_layers` on the first dev prompt of each category.
+
+    Calibration k = the first fixed --k (K_AUTO_START when only 'auto'); greedy, at most
+    CALIBRATION_TOKENS new tokens. Measure on --split heldout to keep calibration and report apart.
+    Stored in calibration.json and reused by a rerun with the same settings.
+    """
+    prompts = load_suite(args.suite, split="dev", categories=args.categories, limit=1)
+    settings = {"target": target.name, "dtype": target.dtype, "prompts": [p.id for p in prompts], "k": next((k for k in args.k if k != "auto"), K_AUTO_START),
+                "candidates": args.self_layers, "max_new_tokens": min(args.max_new_tokens, CALIBRATION_TOKENS)}
+    path = out / CALIBRATION_JSON
+    stored = json.loads(path.read_text()) if path.exists() else {}
+    if stored.get("settings") == settings:
+        return Calibration.from_dict(stored)
+    print(f"self:auto: calibrating L on {len(prompts)} dev prompts (k={settings['k']}) ...", flush=True)
+    calibration = calibrate_layers(target, [encode(p, target.tokenizer) for p in prompts], k=settings["k"],
+                                   candidates=args.self_layers, max_new_tokens=settings["max_new_tokens"])
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"settings": settings, **calibration.to_dict()}, indent=1))
+    print(calibration_text(calibration), flush=True)
+    return calibration
+
+
+def calibration_text(calibration: Calibration) -> str:
+    """Markdown: alpha-hat, c, the cost-aware bound and the measured speedup per candidate L."""
+    lines = ["## self:auto calibration (dev prompts)", "",
+             "| L | α̂ | c | cost-aware bound | measured speedup |", "|---|---|---|---|---|"]
+    lines += [f"| {layers}{' (chosen)' if layers == calibration.best_layers else ''} | {m.alpha:.3f} | "
+              f"{m.cost_ratio:.2f} | {m.bound:.2f}x | {m.speedup:.2f}x |" for layers, m in calibration.results]
+    return "\n".join(lines) + "\n\n"
 
 
 def bench_with_progress(target, contenders, prompts, ks, config, out: Path, **options) -> list[dict]:

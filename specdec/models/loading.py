@@ -212,5 +212,6 @@ def load_draft(spec: str, target: LoadedModel, *, dtype="auto", bridge="auto", d
 def _self_layers(spec: str) -> int:
     value = spec.removeprefix("self:")
     if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"{spec!r}: self-speculation needs a positive number of target layers, e.g. self:8")
+        raise ValueError(f"{spec!r}: self-speculation needs a positive number of target layers, e.g. self:8 "
+                         "(self:auto, which calibrates L, is a `python -m specdec bench` draft)")
     return int(value)
