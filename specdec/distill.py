@@ -18,7 +18,8 @@ then taken on that coarsened (k+1)-outcome distribution, a lower bound of the fu
 full target distribution, recomputed each step.
 
 The training loop is plain torch under `accelerate.Accelerator`: it runs on a CPU here and unchanged under
-`accelerate launch` on many GPUs (each process takes its share of every batch).
+`accelerate launch` on many GPUs or torchrun on CPUs (each process takes its share of every batch; only the
+main process evaluates and writes checkpoints).
 """
 from __future__ import annotations
 
@@ -298,12 +299,26 @@ class DistillReport:
     losses: list[dict] = field(default_factory=list)  # per step: step, loss, ce, divergence
     evals: list[dict] = field(default_factory=list)  # step, acceptance_rate, mean_accepted_length
     wall_time_s: float = 0.0  # time of this run (a resumed run: since resuming)
+    processes: int = 1  # training processes (`accelerate launch` / torchrun); each takes a slice of every batch
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 Progress = Callable[[int, int, dict], None]  # (step, steps, latest loss record)
+
+
+def cpu_only() -> bool:
+    """True without a GPU-like accelerator: accelerate then needs cpu=True to see a multi-process CPU launch
+    (torchrun / `accelerate launch` with several processes; gloo backend) instead of one process per copy."""
+    return torch.accelerator.current_accelerator() is None
+
+
+def process_state():
+    """accelerate's process state (rank, main process), the one `distill`'s Accelerator will share."""
+    from accelerate import PartialState
+
+    return PartialState(cpu=cpu_only())
 
 
 def distill(target, draft, data: list[Example], *, config: DistillConfig = DistillConfig(),
@@ -318,10 +333,11 @@ def distill(target, draft, data: list[Example], *, config: DistillConfig = Disti
         raise ValueError(f"divergence must be one of {DIVERGENCES}, got {config.divergence!r}")
     target_model, _ = unwrap(target, None)
     draft_model, _ = unwrap(draft, None)
-    accelerator = Accelerator(gradient_accumulation_steps=config.grad_accum)
+    accelerator = Accelerator(cpu=cpu_only(), gradient_accumulation_steps=config.grad_accum)
     target_model.to(accelerator.device).eval()
     optimizer = torch.optim.AdamW([p for p in draft_model.parameters() if p.requires_grad], lr=config.lr)
-    report = DistillReport(asdict(config), len(data), sum(len(e.completion_ids) for e in data), 0)
+    report = DistillReport(asdict(config), len(data), sum(len(e.completion_ids) for e in data), 0,
+                           processes=accelerator.num_processes)
     checkpoint = Path(checkpoint_dir) if checkpoint_dir else None
     if resume and checkpoint is not None and (checkpoint / STATE_FILE).exists():
         report = _load_checkpoint(checkpoint, draft_model, optimizer)

@@ -1,7 +1,11 @@
 """The alignment CLIs end to end on tiny models saved as folders: tokcheck, align, distill, experiment."""
 import json
+import os
+import subprocess
+import sys
 
 import pytest
+from transformers import AutoModelForCausalLM
 
 from specdec.cli import main
 from specdec.testing import tiny_model, tiny_bpe_tokenizer
@@ -51,6 +55,25 @@ def test_distill_refuses_an_unaligned_draft(folders, capsys):
     code = main(["distill", "--target", folders["target"], "--draft", folders["other"], "--prompts",
                  folders["prompts"], "--steps", "2", "--out", str(folders["root"] / "refused")])
     assert code == 1 and "vocabulary mismatch" in capsys.readouterr().err
+
+
+def test_distill_runs_as_two_processes_under_torchrun(folders):
+    """What `accelerate launch --multi_gpu` does on GPUs, on CPU: torchrun, gloo, each rank a slice of a batch."""
+    aligned, out = folders["root"] / "aligned-for-ddp", folders["root"] / "ddp"
+    assert main(["align", "--target", folders["target"], "--draft", folders["other"], "--out", str(aligned)]) == 0
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "specdec", "distill",
+               "--target", folders["target"], "--draft", str(aligned), "--prompts", folders["prompts"],
+               "--steps", "4", "--eval-every", "0", "--max-new-tokens", "6", "--eval-max-new-tokens", "6",
+               "--threads", "1", "--out", str(out)]
+    environment = os.environ | {"SPECDEC_CACHE": str(folders["root"] / "cache"), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["processes"] == 2 and report["steps_done"] == 4 and len(report["evals"]) == 2
+    assert done.stdout.count("held-out acceptance") == 1  # only the main process reports
+    assert [p.name for p in (out / "data").iterdir()] == [p.name for p in (out / "data").glob("*.jsonl")]
+    trained = AutoModelForCausalLM.from_pretrained(out / "draft").lm_head.weight
+    assert not trained.equal(AutoModelForCausalLM.from_pretrained(aligned).lm_head.weight)
 
 
 def test_experiment_runs_both_parts_and_writes_the_table(folders, capsys):

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from ..align import save_aligned
-from ..distill import DIVERGENCES, DistillConfig, DistillReport, cached_examples, distill
+from ..distill import DIVERGENCES, DistillConfig, DistillReport, cached_examples, distill, process_state
 from ..inputs import check_vocabularies
 from ..models import add_model_arguments, load_draft, load_model
 from ..suites import available_suites, encode, load_suite
@@ -80,6 +80,8 @@ def run(args) -> int:
     held_out = prompt_ids(args.eval_prompts or args.prompts, "heldout", target.tokenizer)[:args.eval_limit]
     report = distill_to_folder(target, draft, train, held_out, config_from(args), Path(args.out),
                                max_new_tokens=args.max_new_tokens, on_policy=args.on_policy, resume=args.resume)
+    if not report.evals:  # a non-main process of a multi-process launch: the main one reports
+        return 0
     first, last = report.evals[0], report.evals[-1]
     print(f"held-out acceptance {first['acceptance_rate']:.3f} -> {last['acceptance_rate']:.3f}, mean accepted "
           f"length {first['mean_accepted_length']:.2f} -> {last['mean_accepted_length']:.2f}; "
@@ -92,20 +94,24 @@ def distill_to_folder(target, draft, train: list[list[int]], held_out: list[list
     """Generate (or read) the data, distil with a progress bar, save draft/, report.json and loss.html."""
     from tqdm import tqdm
 
-    data = cached_examples(target, train, out / "data", max_new_tokens=max_new_tokens, model_name=target.name)
-    if on_policy:
-        data += cached_examples(draft, train, out / "data", max_new_tokens=max_new_tokens, source="draft",
-                                model_name=draft.name)
-    bar = tqdm(total=config.steps, desc="distill", unit="step")
+    state = process_state()
+    with state.main_process_first():  # the main process generates the data; the others read its cache
+        data = cached_examples(target, train, out / "data", max_new_tokens=max_new_tokens, model_name=target.name)
+        if on_policy:
+            data += cached_examples(draft, train, out / "data", max_new_tokens=max_new_tokens, source="draft",
+                                    model_name=draft.name)
+    bar = tqdm(total=config.steps, desc="distill", unit="step", disable=not state.is_main_process)
     def progress(step: int, steps: int, record: dict) -> None:
         bar.n = step
         bar.set_postfix(loss=f"{record['loss']:.3f}")
     report = distill(target, draft, data, config=config, eval_prompts=held_out, checkpoint_dir=out / "checkpoint",
                      resume=resume, progress=progress)
     bar.close()
-    save_aligned(draft.model, target.tokenizer, out / "draft")
-    (out / "report.json").write_text(json.dumps(report.to_dict(), indent=1))
-    write_plot(report, out / "loss.html")
+    if state.is_main_process:
+        save_aligned(draft.model, target.tokenizer, out / "draft")
+        (out / "report.json").write_text(json.dumps(report.to_dict(), indent=1))
+        write_plot(report, out / "loss.html")
+    state.wait_for_everyone()  # every process returns once the folder is complete
     return report
 
 
