@@ -176,24 +176,30 @@ def default_candidates(total_layers: int) -> list[int]:
     return sorted(layers for layers in picks if layers < total_layers) or [1]
 
 
+OnLayer = Callable[[int, "DraftMeasurement"], None]  # called with (L, its measurement) as each L finishes
+
+
 def calibrate_layers(target_model, prompts_ids, k: int = 4, candidates: list[int] | None = None,
-                     max_new_tokens: int = 32) -> Calibration:
+                     max_new_tokens: int = 32, on_layer: OnLayer | None = None) -> Calibration:
     """Measure alpha, c, the bound and the real speedup of self-speculation for each candidate L.
 
     Greedy decoding of `max_new_tokens` on each prompt; the best L maximises
     theory.walltime_speedup(alpha, k, c) (the cost-aware bound) pooled over the prompts.
     """
-    return calibrate_on(DraftTrials(target_model, prompts_ids, k, max_new_tokens), candidates)
+    return calibrate_on(DraftTrials(target_model, prompts_ids, k, max_new_tokens), candidates, on_layer)
 
 
-def calibrate_on(run: DraftTrials, candidates: list[int] | None) -> Calibration:
+def calibrate_on(run: DraftTrials, candidates: list[int] | None, on_layer: OnLayer | None = None) -> Calibration:
     """`calibrate_layers` on prompts (and a baseline) already set up in `run`."""
     model = run.model
     candidates = default_candidates(len(decoder_layers(model))) if candidates is None else sorted(set(candidates))
     if not candidates:
         raise ValueError("calibrate_layers needs at least one candidate number of layers")
-    results = [(layers, run.measure(f"self:{layers}", lambda: SelfSpeculativeDraft(model, layers)))
-               for layers in candidates]
+    results = []
+    for layers in candidates:
+        results.append((layers, run.measure(f"self:{layers}", lambda: SelfSpeculativeDraft(model, layers))))
+        if on_layer is not None:
+            on_layer(*results[-1])
     best_layers = max(results, key=lambda item: item[1].bound)[0]
     return Calibration(results, best_layers)
 

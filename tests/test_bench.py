@@ -221,7 +221,8 @@ def test_cli_bench_self_auto_benches_the_calibrated_layer_count(tmp_path, monkey
     assert {r["draft"] for r in rows} == {f"self:{best}"} and all(r["ours_equals_target_alone"] for r in rows)
     summary = (out / "summary.md").read_text()
     assert "self:auto calibration" in summary and f"| {best} (chosen) |" in summary
-    capsys.readouterr()
+    printed = capsys.readouterr().out
+    assert printed.index("  self:1: α̂=") < printed.index("  self:2: α̂=") < printed.index("(chosen)")  # as measured
     assert main(argv) == 0  # rerun: the stored calibration is reused, nothing is measured again
     assert "calibrating" not in capsys.readouterr().out
 

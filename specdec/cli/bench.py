@@ -87,19 +87,26 @@ def calibrate_self_auto(target, args, out: Path) -> Calibration:
     Stored in calibration.json and reused by a rerun with the same settings.
     """
     prompts = load_suite(args.suite, split="dev", categories=args.categories, limit=1)
-    settings = {"target": target.name, "dtype": target.dtype, "prompts": [p.id for p in prompts], "k": next((k for k in args.k if k != "auto"), K_AUTO_START),
-                "candidates": args.self_layers, "max_new_tokens": min(args.max_new_tokens, CALIBRATION_TOKENS)}
+    settings = {"target": target.name, "dtype": target.dtype, "prompts": [p.id for p in prompts],
+                "k": next((k for k in args.k if k != "auto"), K_AUTO_START), "candidates": args.self_layers,
+                "max_new_tokens": min(args.max_new_tokens, CALIBRATION_TOKENS)}
     path = out / CALIBRATION_JSON
     stored = json.loads(path.read_text()) if path.exists() else {}
     if stored.get("settings") == settings:
         return Calibration.from_dict(stored)
     print(f"self:auto: calibrating L on {len(prompts)} dev prompts (k={settings['k']}) ...", flush=True)
     calibration = calibrate_layers(target, [encode(p, target.tokenizer) for p in prompts], k=settings["k"],
-                                   candidates=args.self_layers, max_new_tokens=settings["max_new_tokens"])
+                                   candidates=args.self_layers, max_new_tokens=settings["max_new_tokens"],
+                                   on_layer=print_layer)
     out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"settings": settings, **calibration.to_dict()}, indent=1))
     print(calibration_text(calibration), flush=True)
     return calibration
+
+
+def print_layer(layers: int, m) -> None:
+    print(f"  self:{layers}: α̂={m.alpha:.3f} c={m.cost_ratio:.2f} bound {m.bound:.2f}x, measured {m.speedup:.2f}x",
+          flush=True)
 
 
 def calibration_text(calibration: Calibration) -> str:
