@@ -221,10 +221,24 @@ def test_cli_bench_self_auto_benches_the_calibrated_layer_count(tmp_path, monkey
     assert {r["draft"] for r in rows} == {f"self:{best}"} and all(r["ours_equals_target_alone"] for r in rows)
     summary = (out / "summary.md").read_text()
     assert "self:auto calibration" in summary and f"| {best} (chosen) |" in summary
+    best_bound = max(r["bound"] for r in calibration["results"])
+    assert ("cannot beat the target alone" in summary) == (best_bound <= 1.0)
     printed = capsys.readouterr().out
     assert printed.index("  self:1: α̂=") < printed.index("  self:2: α̂=") < printed.index("(chosen)")  # as measured
     assert main(argv) == 0  # rerun: the stored calibration is reused, nothing is measured again
     assert "calibrating" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("bounds, verdict", [((0.6, 0.5), True), ((0.6, 1.3), False)])
+def test_calibration_text_says_when_no_layer_count_can_pay_off(bounds, verdict):
+    from specdec.cli.bench import calibration_text
+    from specdec.selfspec import Calibration, DraftMeasurement
+
+    results = [(layers, DraftMeasurement(f"self:{layers}", 0.5, 0.3, bound, 1.5, 1.0, 0.8))
+               for layers, bound in zip((7, 14), bounds)]
+    text = calibration_text(Calibration(results, max(results, key=lambda r: r[1].bound)[0]))
+    assert ("cannot beat the target alone" in text) == verdict
+    assert ("| 14 (chosen) |" in text) == (not verdict) and text.count("(chosen)") == 1
 
 
 def test_self_auto_outside_the_bench_points_to_it(tmp_path):

@@ -115,6 +115,10 @@ def calibration_text(calibration: Calibration) -> str:
              "| L | α̂ | c | cost-aware bound | measured speedup |", "|---|---|---|---|---|"]
     lines += [f"| {layers}{' (chosen)' if layers == calibration.best_layers else ''} | {m.alpha:.3f} | "
               f"{m.cost_ratio:.2f} | {m.bound:.2f}x | {m.speedup:.2f}x |" for layers, m in calibration.results]
+    if calibration.best.bound <= 1.0:
+        lines += ["", f"No candidate L has a cost-aware bound above 1x (best {calibration.best.bound:.2f}x): "
+                      "self-speculation cannot beat the target alone on these prompts; the L benched is the "
+                      "cheapest loser. An early exit pays only when the target was trained for it (LayerSkip)."]
     return "\n".join(lines) + "\n\n"
 
 
