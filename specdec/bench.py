@@ -443,7 +443,7 @@ def format_report(rows: list[dict]) -> str:
               "Shares of our engine's wall time. The last column is the cost of one verification forward "
               "(k+1 tokens) relative to one target-alone step (1 token): the bound assumes it is 1.",
               _markdown(overall, PROFILE_COLUMNS)]
-    parts += ["## k advisor (Leviathan optimal k from the measured α̂ and c)", _advice_table(rows, summaries)]
+    parts += ["## k advisor (Leviathan optimal k from the measured α̂, c and verification cost)", _advice_table(rows, summaries)]
     if any(s.k == "auto" for s in overall):
         parts += ['## k="auto" vs the best fixed k (all prompts)', _auto_table(overall)]
     parts += ["## Issue targets", _targets_table(summaries)]
@@ -474,15 +474,22 @@ class AdviceRow:
     category: str  # category or "all"
     acceptance_rate: float  # pooled over every fixed k measured
     cost_ratio: float  # pooled over every fixed k measured
-    recommended_k: int  # Leviathan's argmax k
-    expected_speedup: float  # cost-aware bound at recommended_k
+    verify_cost: float  # measured extra verification cost per drafted token, in target steps (see advice_rows)
+    recommended_k: int  # Leviathan's argmax k with c + verify_cost as the cost per drafted token
+    expected_speedup: float  # cost-aware bound at recommended_k, with the same cost
     best_measured_k: str  # the k with the highest measured speedup vs the target alone
     best_measured_speedup: float  # that speedup
     verdict: str  # one line
 
 
 def advice_rows(rows: list[dict], summaries: list[Summary] | None = None) -> list[AdviceRow]:
-    """k advice per (draft, category) from the pooled fixed-k measurements."""
+    """k advice per (draft, category) from the pooled fixed-k measurements.
+
+    Leviathan's bound prices a verification forward of k+1 tokens at one target step; measured here it
+    costs `verify_vs_step` steps. Modelling it as 1 + k·v target steps (v = (verify_vs_step − 1) / k drafted,
+    at least 0) adds v to the cost of each drafted token, so the advice maximises the bound at c + v:
+    without it a model-free draft (c = 0) would always be advised the largest k.
+    """
     summaries = summaries if summaries is not None else summarise(rows)
     result = []
     for draft, category in sorted({(s.draft, s.category) for s in summaries}):
@@ -491,17 +498,19 @@ def advice_rows(rows: list[dict], summaries: list[Summary] | None = None) -> lis
         if not fixed:
             continue
         pooled = _pool((draft, "pooled", category), fixed)
-        advice = advise(pooled.acceptance_rate, pooled.cost_ratio)
+        verify_cost = max(0.0, _safe(pooled.verify_vs_step - 1.0, pooled.mean_drafted))
+        advice = advise(pooled.acceptance_rate, pooled.cost_ratio + verify_cost)
         best = max((s for s in summaries if s.draft == draft and s.category == category),
                    key=lambda s: s.speedup_vs_target_alone)
-        result.append(AdviceRow(draft, category, pooled.acceptance_rate, pooled.cost_ratio, advice.k,
+        result.append(AdviceRow(draft, category, pooled.acceptance_rate, pooled.cost_ratio, verify_cost, advice.k,
                                 advice.expected_speedup, best.k, best.speedup_vs_target_alone, advice.verdict))
     return result
 
 
 ADVICE_COLUMNS = (
     ("draft", "draft", "{}"), ("category", "category", "{}"), ("α̂", "acceptance_rate", "{:.3f}"),
-    ("c", "cost_ratio", "{:.3f}"), ("advised k", "recommended_k", "{}"),
+    ("c", "cost_ratio", "{:.3f}"), ("verify cost per drafted token", "verify_cost", "{:.3f}"),
+    ("advised k", "recommended_k", "{}"),
     ("expected speedup", "expected_speedup", "{:.2f}x"), ("best measured k", "best_measured_k", "{}"),
     ("its measured speedup", "best_measured_speedup", "{:.2f}x"), ("advice", "verdict", "{}"),
 )

@@ -4,8 +4,8 @@ import json
 import pytest
 
 from specdec import theory
-from specdec.advisor import advise, speedup_curve
-from specdec.bench import (BenchConfig, contender, format_report, read_rows, run_bench,
+from specdec.advisor import K_MAX, advise, speedup_curve
+from specdec.bench import (BenchConfig, advice_rows, contender, format_report, read_rows, run_bench,
                            summarise, target_checks)
 from specdec.cli import main
 from specdec.suites import SUITES_DIR, available_suites, load_suite
@@ -165,6 +165,20 @@ def test_summary_pools_counts_and_report_lists_divergences(tiny_run):
         in format_report(rows)
     checks = target_checks(summaries)
     assert {c.target for c in checks} == {"ours / HF assisted tokens/s", "measured speedup / cost-aware bound"}
+
+
+@pytest.mark.parametrize("verify_vs_step, expect_max_k", [(1.0, True), (1.5, False)])
+def test_advice_prices_the_measured_verification_cost(tiny_run, verify_vs_step, expect_max_k):
+    """A model-free draft (c = 0) whose k+1-token verify costs 1.5 target steps is not advised the largest k."""
+    cells = [dict(r) for r in tiny_run[1] if r["draft"] == "self" and r["k"] == "2"]
+    for r in cells:  # lookup-like: no draft forwards, 9 of 10 drafts accepted, verify = verify_vs_step steps
+        r.update(draft="free", draft_time_s=0.0, round_draft_forwards=0, rounds=10, draft_tokens=20,
+                 accepted_tokens=18, rejections=2, target_time_s=10 * verify_vs_step * r["target_step_s"])
+    advice = next(a for a in advice_rows(cells) if a.category == "all")
+    assert advice.cost_ratio == 0 and advice.verify_cost == pytest.approx((verify_vs_step - 1) / 2)
+    assert (advice.recommended_k == K_MAX) == expect_max_k
+    assert advice.expected_speedup == pytest.approx(theory.walltime_speedup(0.9, advice.recommended_k,
+                                                                            advice.verify_cost))
 
 
 def test_first_divergence():
