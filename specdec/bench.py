@@ -443,7 +443,8 @@ def format_report(rows: list[dict]) -> str:
               "Shares of our engine's wall time. The last column is the cost of one verification forward "
               "(k+1 tokens) relative to one target-alone step (1 token): the bound assumes it is 1.",
               _markdown(overall, PROFILE_COLUMNS)]
-    parts += ["## k advisor (Leviathan optimal k from the measured α̂, c and verification cost)", _advice_table(rows, summaries)]
+    parts += ["## k advisor (Leviathan optimal k from the measured α̂, c and verification cost)",
+              _advice_table(rows, summaries)]
     if any(s.k == "auto" for s in overall):
         parts += ['## k="auto" vs the best fixed k (all prompts)', _auto_table(overall)]
     parts += ["## Issue targets", _targets_table(summaries)]

@@ -310,7 +310,7 @@ Progress = Callable[[int, int, dict], None]  # (step, steps, latest loss record)
 
 def cpu_only() -> bool:
     """True without a GPU-like accelerator: accelerate then needs cpu=True to see a multi-process CPU launch
-    (torchrun / `accelerate launch` with several processes; gloo backend) instead of one process per copy."""
+    (torchrun, or MPI; gloo backend) instead of N processes that each train alone."""
     return torch.accelerator.current_accelerator() is None
 
 
