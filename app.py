@@ -2,10 +2,10 @@
 
 Configuration by environment variables (SPECDEC_HOST, SPECDEC_PORT, SPECDEC_ALLOWED_MODELS,
 SPECDEC_ALLOW_CUSTOM_MODELS, SPECDEC_MAX_NEW_TOKENS, SPECDEC_CONCURRENCY, SPECDEC_DTYPE,
-SPECDEC_TARGET, SPECDEC_DRAFT): see ui/config.py.
+SPECDEC_TARGET, SPECDEC_DRAFT): see specdec/dashboard/config.py.
 """
-from ui.config import AppConfig
-from ui.layout import build_demo, launch_options
+from specdec.dashboard.config import AppConfig
+from specdec.dashboard.layout import build_demo, launch_options
 
 config = AppConfig.from_env()
 demo = build_demo(config)

@@ -16,8 +16,8 @@ from typing import Callable
 
 import torch
 
-from .drafters import Drafter, ModelDrafter, NoDraft, Proposal, SamplingPolicy
-from .inputs import check_vocabularies, prepare_prompt, resolve_eos, unwrap
+from .drafters import Drafter, NoDraft, Proposal, SamplingPolicy, as_drafter
+from .inputs import prepare_prompt, resolve_eos, unwrap
 from .kv import CachedLM
 from .schedule import AdaptiveK, FixedK
 from .trace import DecodeStats, GenerationResult, Round
@@ -78,17 +78,6 @@ def autoregressive_generate(
     target_model, tokenizer = unwrap(target, tokenizer)
     return _generate(target_model, NoDraft(), input_ids, FixedK(0), max_new_tokens, temperature, top_p, seed,
                      eos_token_id, on_round, tokenizer)
-
-
-def as_drafter(draft, target_model) -> Drafter:
-    """A Drafter as is; a causal LM (or LoadedModel) becomes a ModelDrafter after a vocabulary check."""
-    if isinstance(draft, Drafter):
-        return draft
-    draft_model, draft_tokenizer = unwrap(draft, None)
-    if not isinstance(draft_model, torch.nn.Module):
-        raise ValueError(f"draft must be a causal LM or a Drafter, got {type(draft).__name__}")
-    check_vocabularies(target_model, draft_model)
-    return ModelDrafter(draft_model)
 
 
 def _generate(target_model, drafter, input_ids, schedule, max_new_tokens, temperature, top_p, seed,

@@ -34,7 +34,7 @@ def check_vocabularies(target_model, draft_model) -> None:
         raise ValueError(
             f"vocabulary mismatch: the target has {v_target} token ids, the draft {v_draft}. "
             "Token ids would mean different tokens. Use a draft with the target's tokenizer, hard-clone it "
-            "(`python -m specdec align`), or run it through the text bridge (specdec.bridge.TextBridgeDrafter).")
+            "(`python -m specdec align`), or run it through the text bridge (specdec.drafters.TextBridgeDrafter).")
 
 
 def prepare_prompt(input_ids, model, tokenizer, max_new_tokens: int, k: int) -> list[int]:

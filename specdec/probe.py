@@ -4,7 +4,7 @@ Seed 000's rule for production: after every target update (new version, LoRA mer
 live prompts and measure the draft's acceptance rate; below the 50% warning line the draft and
 the target have drifted apart, so roll back to self-speculation (or the target alone) and start
 distilling the draft again. `probe` measures alpha-hat on a sample of prompts and, below the
-threshold, asks `specdec.selfspec.recommend_fallback` which draft-free fallback measures best.
+threshold, asks `specdec.measure.recommend_fallback` which draft-free fallback measures best.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from .engine import speculative_generate
 from .inputs import unwrap
-from .selfspec import recommend_fallback
+from .measure import recommend_fallback
 from .suites import Prompt, encode
 
 

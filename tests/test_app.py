@@ -7,13 +7,13 @@ import pytest
 from specdec import DecodeStats, Round, autoregressive_generate
 from specdec.models import ModelPool, load_model
 from specdec.report import STAT_LINES
-from ui import figures, handlers
-from ui.chips import chips_html
-from ui.config import AppConfig
-from ui.hub import ModelHub
-from ui.panels import definitions, stats_html
-from ui.runs import DecodeRequest, RunControl
-from ui.tiny import write_tiny_models
+from specdec.dashboard import figures, handlers
+from specdec.dashboard.chips import chips_html
+from specdec.dashboard.config import AppConfig
+from specdec.dashboard.hub import ModelHub
+from specdec.dashboard.panels import definitions, stats_html
+from specdec.dashboard.runs import DecodeRequest, RunControl
+from tiny_models import write_tiny_models
 
 PROMPT = "今天天气"
 

@@ -14,7 +14,7 @@ from gradio_client import Client
 
 from specdec import autoregressive_generate
 from specdec.models import load_model
-from ui.tiny import write_tiny_models
+from tiny_models import write_tiny_models
 
 ROOT = Path(__file__).resolve().parents[1]
 START_TIMEOUT_S = 120  # imports of torch + transformers + gradio on a busy 2-core machine

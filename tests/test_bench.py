@@ -135,7 +135,7 @@ def test_bench_resumes_and_refuses_a_different_configuration(tiny_target, tmp_pa
 
 
 def test_drafter_without_model_has_no_hf_column(tiny_target, tmp_path):
-    from specdec.lookup import PromptLookupDraft
+    from specdec.drafters import PromptLookupDraft
 
     entry = contender("lookup", PromptLookupDraft(), tiny_target)
     assert entry.hf_assistant is None
@@ -246,7 +246,7 @@ def test_cli_bench_self_auto_benches_the_calibrated_layer_count(tmp_path, monkey
 @pytest.mark.parametrize("bounds, verdict", [((0.6, 0.5), True), ((0.6, 1.3), False)])
 def test_calibration_text_says_when_no_layer_count_can_pay_off(bounds, verdict):
     from specdec.cli.bench import calibration_text
-    from specdec.selfspec import Calibration, DraftMeasurement
+    from specdec.measure import Calibration, DraftMeasurement
 
     results = [(layers, DraftMeasurement(f"self:{layers}", 0.5, 0.3, bound, 1.5, 1.0, 0.8))
                for layers, bound in zip((7, 14), bounds)]

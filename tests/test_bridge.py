@@ -4,7 +4,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from specdec import autoregressive_generate, speculative_generate
-from specdec.bridge import NaiveCrossVocabDrafter, TextBridgeDrafter, cross_vocab_drafter
+from specdec.drafters import NaiveCrossVocabDrafter, TextBridgeDrafter
 from specdec.testing import tiny_model, tiny_bpe_tokenizer
 
 PROMPT = "def price(option, curve):\n    return"
@@ -63,10 +63,3 @@ def test_naive_mode_runs_lossless_and_wraps_ids(pair):
                                   eos_token_id=[])
     assert result.token_ids == alone.token_ids
     assert all(t < len(draft_tok) for r in result.rounds for t in r.draft_token_ids)
-
-
-def test_cross_vocab_drafter_modes(pair):
-    _, target_tok, draft, draft_tok = pair
-    assert isinstance(cross_vocab_drafter(draft, target_tok, "naive"), NaiveCrossVocabDrafter)
-    with pytest.raises(ValueError, match="mode must be one of"):
-        cross_vocab_drafter(draft, target_tok, "magic")

@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from test_app_server import app_server  # noqa: F401 - the served app fixture
-from ui.screenshots import CHROMIUM, VIEWPORT, open_browser, run_live
+from screenshots import CHROMIUM, VIEWPORT, open_browser, run_live
 
 # skipped on a developer machine without chromium; in CI (CI=true) a missing browser is a failure
 pytestmark = pytest.mark.skipif(shutil.which(CHROMIUM) is None and not os.environ.get("CI"),

@@ -4,7 +4,7 @@ import torch
 
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters import SamplingPolicy
-from specdec.lookup import PromptLookupDraft, find_continuation
+from specdec.drafters.lookup import PromptLookupDraft, find_continuation
 from specdec.testing import tiny_model
 
 GREEDY = SamplingPolicy(0.0, 1.0, torch.Generator(), vocab_size=128)

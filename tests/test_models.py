@@ -145,7 +145,6 @@ def test_load_draft_follows_target_dtype_and_respects_bridge_false(tmp_path):
 
 
 def test_load_draft_wraps_a_different_tokenizer_in_the_text_bridge(tmp_path):
-    pytest.importorskip("specdec.bridge")
     target = load_model(str(tiny_folder(tmp_path / "t")))
     draft = load_draft(str(tiny_folder(tmp_path / "d", words=WORDS[::-1] + ["x"])), target)
     assert type(draft).__name__ == "TextBridgeDrafter"

@@ -9,9 +9,10 @@ from scipy.stats import chisquare
 from transformers import AutoModelForCausalLM, Gemma3TextConfig, MistralConfig, Qwen3Config
 
 from specdec import autoregressive_generate, speculative_generate, theory
-from specdec.lookup import PromptLookupDraft
-from specdec.selfspec import (Calibration, DraftMeasurement, SelfSpeculativeDraft, _recommendation, calibrate_layers,
-                              decoder_layers, default_candidates, layer_view, recommend_fallback, tensor_bytes)
+from specdec.drafters import PromptLookupDraft
+from specdec.drafters.selfspec import SelfSpeculativeDraft, decoder_layers, layer_view, tensor_bytes
+from specdec.measure import (Calibration, DraftMeasurement, _recommendation, calibrate_layers, default_candidates,
+                             recommend_fallback)
 from specdec.testing import tiny_model
 
 PROMPT = [5, 6, 7, 8, 9, 10, 5, 6]

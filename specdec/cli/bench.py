@@ -13,7 +13,7 @@ from pathlib import Path
 from ..bench import BenchConfig, cells_to_run, contender, format_report, run_bench, summarise
 from ..models import add_model_arguments, load_draft, load_model
 from ..schedule import K_AUTO_START
-from ..selfspec import Calibration, calibrate_layers
+from ..measure import Calibration, calibrate_layers
 from ..suites import available_suites, encode, load_suite
 from ..theory import expected_tokens_per_step, walltime_speedup
 

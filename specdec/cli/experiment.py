@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..align import DEFAULT_TEXTS, bits_per_character, transplant_vocabulary
-from ..bridge import NaiveCrossVocabDrafter, TextBridgeDrafter
+from ..drafters import NaiveCrossVocabDrafter, TextBridgeDrafter
 from ..engine import autoregressive_generate, speculative_generate
 from ..inputs import vocab_size
 from ..models import apply_speed_levers, default_name, load_draft, load_model

@@ -22,7 +22,6 @@ import torch
 
 from . import cache, convert, entries, hub
 from .cache import Progress
-from .pair import check_pair
 from .speed import apply_speed_levers
 
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -181,37 +180,18 @@ def add_model_arguments(parser) -> None:
 
 def load_draft(spec: str, target: LoadedModel, *, dtype="auto", bridge="auto", device: str = "auto",
                pool=None, progress: Progress | None = None):
-    """A draft for `target`: a LoadedModel, or a Drafter when the spec or the tokenizers call for one.
+    """A draft for `target` by `specdec.drafters.from_spec`: "lookup", "self:L", "MODEL+lookup" or a model.
 
-    - "lookup": prompt-lookup drafting (no model); "self:L": the target's first L layers (self-speculation);
-    - a model spec (see `load_model`); dtype "auto" follows the target's. bridge="auto" wraps a draft
-      whose tokenizer differs from the target's in the text bridge, True always does, False never does
-      (the engine then refuses a mismatched vocabulary; the "naive" teaching mode wants exactly that).
-    `pool` (a ModelPool) loads through the pool instead of directly.
+    A model draft loads with `load_model` (or through `pool`, a ModelPool); dtype "auto" follows the
+    target's. bridge: "auto" (text bridge only when the tokenizers differ), True (always), False (ids as
+    they are: the engine refuses a different vocabulary) or "naive" (ids fed across vocabularies).
     """
-    if spec == "lookup":
-        from ..lookup import PromptLookupDraft
+    from ..drafters import from_spec
 
-        return PromptLookupDraft()
-    if isinstance(spec, str) and spec.startswith("self:"):
-        from ..selfspec import SelfSpeculativeDraft
-
-        return SelfSpeculativeDraft(target.model, layers=_self_layers(spec))
-    if bridge not in ("auto", True, False):
-        raise ValueError(f"bridge must be 'auto', True or False, got {bridge!r}")
+    modes = {"auto": "auto", True: "bridge", False: "as is", "naive": "naive"}
+    if bridge not in modes:
+        raise ValueError(f"bridge must be 'auto', True, False or 'naive', got {bridge!r}")
     dtype = target.dtype if dtype == "auto" else dtype
     load = pool.get if pool is not None else load_model
-    draft = load(spec, dtype=dtype, device=device, progress=progress)
-    if bridge is False or (bridge == "auto" and check_pair(target, draft).kind != "different"):
-        return draft
-    from ..bridge import TextBridgeDrafter
-
-    return TextBridgeDrafter(draft, target.tokenizer)
-
-
-def _self_layers(spec: str) -> int:
-    value = spec.removeprefix("self:")
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"{spec!r}: self-speculation needs a positive number of target layers, e.g. self:8 "
-                         "(self:auto, which calibrates L, is a `python -m specdec bench` draft)")
-    return int(value)
+    return from_spec(spec, target, load=lambda name: load(name, dtype=dtype, device=device, progress=progress),
+                     vocabulary=modes[bridge])

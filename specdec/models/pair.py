@@ -54,5 +54,5 @@ def _message(kind, compatible, tokens_t, tokens_d, rows_t, rows_d, shared) -> st
                 "padding check: resize the draft's embeddings to the target's row count")
     return (f"different tokenizers ({tokens_t} vs {tokens_d} entries, {shared} with the same id): the same id means "
             "different text. Hard-clone the draft onto the target's tokenizer (`python -m specdec align`) or let it "
-            "draft through the text bridge (specdec.bridge.TextBridgeDrafter; load_draft(..., bridge='auto') does "
+            "draft through the text bridge (specdec.drafters.TextBridgeDrafter; load_draft(..., bridge='auto') does "
             "this for you)")

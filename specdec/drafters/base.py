@@ -16,8 +16,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from .kv import CachedLM
-from .verify import logits_to_probs
+from ..kv import CachedLM
+from ..verify import logits_to_probs
 
 
 @dataclass

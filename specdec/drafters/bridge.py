@@ -10,16 +10,16 @@ verifier's min(1, p_target/p_draft) rule then needs nothing else).
 model (wrapped modulo the draft's vocabulary), and the draft's ids come back as if they were target ids.
 It runs, and acceptance collapses (seed 000's "QuantLib is one token for the target, two for the draft").
 
-Pass either as the `draft` of `specdec.speculative_generate`, or build one with `cross_vocab_drafter`.
+Pass either as the `draft` of `specdec.speculative_generate`, or name it through `specdec.drafters.from_spec`.
 """
 from __future__ import annotations
 
 import time
 
-from .align import decode_text
-from .drafters import ModelDrafter, Proposal, SamplingPolicy
-from .inputs import unwrap, vocab_size
-from .kv import CachedLM
+from ..align import decode_text
+from .base import ModelDrafter, Proposal, SamplingPolicy
+from ..inputs import unwrap, vocab_size
+from ..kv import CachedLM
 
 EXTRA_DRAFT_TOKENS = 2  # draft tokens generated beyond n per round, so the n-th target token is complete
 ANCHOR_TOKENS = 4  # context tokens decoded with a continuation, so its leading space/merge is read in context
@@ -116,16 +116,3 @@ class NaiveCrossVocabDrafter(ModelDrafter):
 
     def _wrap(self, ids: list[int]) -> list[int]:
         return [t % self.draft_vocab for t in ids]
-
-
-CROSS_VOCAB_MODES = ("bridge", "naive")
-
-
-def cross_vocab_drafter(draft_loaded, target_tokenizer, mode: str = "bridge", draft_tokenizer=None):
-    """A drafter for a draft with another tokenizer: "bridge" (through text) or "naive" (ids across)."""
-    if mode == "bridge":
-        return TextBridgeDrafter(draft_loaded, target_tokenizer, draft_tokenizer)
-    if mode == "naive":
-        return NaiveCrossVocabDrafter(draft_loaded)
-    raise ValueError(f"mode must be one of {CROSS_VOCAB_MODES}, got {mode!r}")
-

@@ -1,7 +1,7 @@
 """Event handlers: plain functions from input values to output values (testable without a browser).
 
 The first parameter of each model handler is the `ModelHub` (bound with functools.partial in
-`ui.layout`). Bad input raises ValueError inside; `user_errors` turns it into a visible gr.Error.
+`specdec.dashboard.layout`). Bad input raises ValueError inside; `user_errors` turns it into a visible gr.Error.
 """
 from __future__ import annotations
 

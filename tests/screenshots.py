@@ -1,7 +1,7 @@
 """Drive the dashboard in headless Chromium: run each tab, wait for its results, save screenshots.
 
-Used by tests/test_browser.py and to make the screenshots of the issue note:
-    python -m ui.screenshots http://127.0.0.1:7860 /work/notes/screenshots [live,compare,theory]
+Used by tests/test_browser.py and to make the screenshots in docs/:
+    cd tests && python -m screenshots http://127.0.0.1:7860 ../docs/screenshots [live,compare,theory]
 """
 from __future__ import annotations
 

@@ -7,15 +7,15 @@ reports loading progress.
 from __future__ import annotations
 
 from specdec import models
-from specdec.bridge import cross_vocab_drafter
+from specdec.drafters import HYBRID_SUFFIX
 
 from .config import MODEL_DRAFTERS, AppConfig
 
 BRIDGES = {  # vocabulary mode offered in the UI -> specdec.models.load_draft's bridge argument
     "auto": "auto",  # through the text bridge only when the tokenizers differ
     "as is": False,  # ids used as they are: the engine refuses a different vocabulary
-    "naive ids": False,  # then wrapped in NaiveCrossVocabDrafter: ids fed across vocabularies (seed 000's collapse)
-    "text bridge": True,  # always through text (specdec.bridge.TextBridgeDrafter)
+    "naive ids": "naive",  # ids fed across vocabularies (NaiveCrossVocabDrafter): acceptance collapses
+    "text bridge": True,  # always through text (specdec.drafters.TextBridgeDrafter)
 }
 
 
@@ -38,6 +38,8 @@ class ModelHub:
         pairs = [(f"{name} · {entries[name].parameters} · {entries[name].status}", name)
                  for name in self.catalogue_names(role)]
         if role == "draft":
+            pairs += [(f"{name} · prompt lookup, else the model", name + HYBRID_SUFFIX)
+                      for name in self.catalogue_names("draft") if "draft" in entries[name].roles]
             pairs += [(f"{name} · {'prompt lookup (no model)' if name == 'lookup' else 'first layers of the target'}",
                        name) for name in MODEL_DRAFTERS]
         return pairs
@@ -58,6 +60,8 @@ class ModelHub:
             raise ValueError(f"choose a {role} model")
         if role == "draft" and (name in MODEL_DRAFTERS or name.startswith("self:")):
             return name
+        if role == "draft" and name.endswith(HYBRID_SUFFIX):
+            return self.check(name.removesuffix(HYBRID_SUFFIX), role) + HYBRID_SUFFIX
         if name.lower() in {e.name for e in models.catalogue()}:
             if not self._listed(name):
                 raise ValueError(f"model {name!r} is not offered on this host; allowed: "
@@ -82,11 +86,8 @@ class ModelHub:
             raise ValueError(f"vocabulary mode must be one of {', '.join(BRIDGES)}, got {bridge!r}")
         if progress is not None:
             progress(0.5, desc=f"loading draft {name}…")
-        draft = self.pool.draft(name, target, dtype=self.config.dtype, bridge=BRIDGES[bridge],
-                                progress=_stages(progress))
-        if bridge == "naive ids":
-            return cross_vocab_drafter(draft, target.tokenizer, mode="naive")
-        return draft
+        return self.pool.draft(name, target, dtype=self.config.dtype, bridge=BRIDGES[bridge],
+                               progress=_stages(progress))
 
     def pair(self, target_name: str, draft_name: str, bridge: str = "auto", progress=None):
         """(target, draft) ready for specdec.speculative_generate."""

@@ -1,0 +1,87 @@
+"""Drafters: anything that proposes tokens for the target to verify, and the one factory that builds them.
+
+`from_spec(spec, target, load=...)` owns every kind of draft a user can name:
+
+| spec | drafter |
+|---|---|
+| a model (catalogue name, folder, .gguf, hub id) | the model itself (the engine drafts with `ModelDrafter`); another tokenizer goes through `TextBridgeDrafter` |
+| `lookup` | `PromptLookupDraft` (Saxena 2023) |
+| `self:L` | `SelfSpeculativeDraft`: the target's first L layers (Zhang et al. 2023) |
+| `MODEL+lookup` | `HybridDrafter`: prompt lookup when it finds a continuation, the model otherwise |
+
+`vocabulary` says how a model draft meets the target's ids: "auto" (text bridge only when the tokenizers
+differ), "as is" (ids as they are; the engine refuses a different vocabulary), "bridge" (always through
+text) or "naive" (ids fed across vocabularies, `NaiveCrossVocabDrafter`, to show the collapse).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ..inputs import check_vocabularies, unwrap
+from .base import Drafter, ModelDrafter, NoDraft, Proposal, SamplingPolicy, to_target_vocab
+from .bridge import NaiveCrossVocabDrafter, TextBridgeDrafter
+from .hybrid import HybridDrafter
+from .lookup import PromptLookupDraft
+from .selfspec import SelfSpeculativeDraft
+
+VOCABULARY_MODES = ("auto", "as is", "bridge", "naive")
+LOOKUP = "lookup"
+HYBRID_SUFFIX = "+lookup"
+
+__all__ = [
+    "Drafter", "ModelDrafter", "NoDraft", "Proposal", "SamplingPolicy", "to_target_vocab", "PromptLookupDraft",
+    "SelfSpeculativeDraft", "TextBridgeDrafter", "NaiveCrossVocabDrafter", "HybridDrafter", "from_spec",
+    "as_drafter", "self_layers", "VOCABULARY_MODES",
+]
+
+
+def from_spec(spec: str, target, *, load: Callable[[str], object], vocabulary: str = "auto"):
+    """The draft named by `spec` for `target` (a LoadedModel); `load(name)` loads a model draft.
+
+    Returns a Drafter, or a LoadedModel for a model draft used as is (the engine wraps it).
+    """
+    if vocabulary not in VOCABULARY_MODES:
+        raise ValueError(f"vocabulary mode must be one of {', '.join(VOCABULARY_MODES)}, got {vocabulary!r}")
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError("a draft spec must be a non-empty string: a model, 'lookup', 'self:L' or 'MODEL+lookup'")
+    spec = spec.strip()
+    if spec == LOOKUP:
+        return PromptLookupDraft()
+    if spec.startswith("self:"):
+        return SelfSpeculativeDraft(target.model, layers=self_layers(spec))
+    if spec.endswith(HYBRID_SUFFIX):
+        inner = from_spec(spec.removesuffix(HYBRID_SUFFIX), target, load=load, vocabulary=vocabulary)
+        return HybridDrafter(as_drafter(inner, target.model))
+    return _model_draft(load(spec), target, vocabulary)
+
+
+def _model_draft(draft, target, vocabulary: str):
+    from ..models.pair import check_pair
+
+    if vocabulary == "naive":
+        return NaiveCrossVocabDrafter(draft)
+    if vocabulary == "bridge" or (vocabulary == "auto" and check_pair(target, draft).kind == "different"):
+        return TextBridgeDrafter(draft, target.tokenizer)
+    return draft
+
+
+def as_drafter(draft, target_model) -> Drafter:
+    """A Drafter as is; a causal LM (or LoadedModel) becomes a ModelDrafter after a vocabulary check."""
+    if isinstance(draft, Drafter):
+        return draft
+    draft_model, _ = unwrap(draft, None)
+    if not isinstance(draft_model, torch.nn.Module):
+        raise ValueError(f"draft must be a causal LM or a Drafter, got {type(draft).__name__}")
+    check_vocabularies(target_model, draft_model)
+    return ModelDrafter(draft_model)
+
+
+def self_layers(spec: str) -> int:
+    """L of a "self:L" spec; ValueError with an example otherwise."""
+    value = spec.removeprefix("self:")
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{spec!r}: self-speculation needs a positive number of target layers, e.g. self:8 "
+                         "(self:auto, which calibrates L, is a `python -m specdec bench` draft)")
+    return int(value)
