@@ -84,15 +84,15 @@ class DecodeStats:
         s.accepted_tokens = sum(r.num_accepted for r in rounds)
         s.rejections = sum(r.rejected for r in rounds)
         s.emitted_tokens = sum(len(r.emitted_token_ids) for r in rounds)
-        s.acceptance_rate = _ratio(s.accepted_tokens, s.accepted_tokens + s.rejections)
-        s.draft_acceptance_rate = _ratio(s.accepted_tokens, s.draft_tokens)
-        s.mean_accepted_length = 1.0 + _ratio(s.accepted_tokens, s.rounds)
+        s.acceptance_rate = ratio(s.accepted_tokens, s.accepted_tokens + s.rejections)
+        s.draft_acceptance_rate = ratio(s.accepted_tokens, s.draft_tokens)
+        s.mean_accepted_length = 1.0 + ratio(s.accepted_tokens, s.rounds)
         s.per_position_acceptance = _per_position(rounds, k)
         s.draft_time_s = sum(r.draft_time_s for r in rounds)
         s.target_time_s = sum(r.target_time_s for r in rounds)
-        s.tokens_per_s = _ratio(s.emitted_tokens, s.wall_time_s)
-        mean_draft = _ratio(s.draft_time_s, sum(r.draft_forwards for r in rounds))
-        s.cost_ratio = _ratio(mean_draft, _ratio(s.target_time_s, s.rounds))
+        s.tokens_per_s = ratio(s.emitted_tokens, s.wall_time_s)
+        mean_draft = ratio(s.draft_time_s, sum(r.draft_forwards for r in rounds))
+        s.cost_ratio = ratio(mean_draft, ratio(s.target_time_s, s.rounds))
         s.theoretical_speedup = theory.expected_tokens_per_step(s.acceptance_rate, k)
         s.expected_walltime_speedup = theory.walltime_speedup(s.acceptance_rate, k, s.cost_ratio)
         return s
@@ -116,9 +116,24 @@ class GenerationResult:
         return d
 
 
+def pooled_stats(results: list[GenerationResult], k: int) -> DecodeStats:
+    """One DecodeStats over several generations: every round pooled, times and forward counts summed.
+
+    Its tokens_per_s is pooled emitted tokens / pooled wall time (not a mean of per-run rates).
+    """
+    timing = {name: sum(getattr(r.stats, name) for r in results)
+              for name in ("prefill_time_s", "wall_time_s", "target_forwards", "draft_forwards")}
+    return DecodeStats.from_rounds([rd for r in results for rd in r.rounds], k, **timing)
+
+
+def ratio(a: float, b: float) -> float:
+    """a / b, or 0.0 when b is 0 (a rate over nothing is reported as 0)."""
+    return a / b if b else 0.0
+
+
 def measured_speedup(stats: DecodeStats, baseline: DecodeStats) -> float:
     """Measured speedup = tokens/s of a speculative run / tokens/s of the target alone (same prompt, length)."""
-    return _ratio(stats.tokens_per_s, baseline.tokens_per_s)
+    return ratio(stats.tokens_per_s, baseline.tokens_per_s)
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:
@@ -128,10 +143,6 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def _ratio(a: float, b: float) -> float:
-    return a / b if b else 0.0
-
-
 def _per_position(rounds: list[Round], k: int) -> list[float]:
     drafted = [0] * k
     accepted = [0] * k
@@ -139,4 +150,4 @@ def _per_position(rounds: list[Round], k: int) -> list[float]:
         for i in range(min(len(r.draft_token_ids), k)):
             drafted[i] += 1
             accepted[i] += i < r.num_accepted
-    return [_ratio(a, d) for a, d in zip(accepted, drafted)]
+    return [ratio(a, d) for a, d in zip(accepted, drafted)]
