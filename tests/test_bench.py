@@ -157,7 +157,7 @@ def test_summary_pools_counts_and_report_lists_divergences(tiny_run):
     assert sum(getattr(noisy, f) for f in ("draft_share", "target_share", "prefill_share", "overhead_share")) \
         == pytest.approx(1.0)
     report = format_report(rows)
-    for heading in ("## repeat", "## random", "## all", "## k advisor", "## Issue targets", "## Greedy divergences"):
+    for heading in ("## repeat", "## random", "## all", "## k advisor", "## Performance targets", "## Greedy divergences"):
         assert heading in report
     assert "None: every greedy output matched" in report
     rows[0]["ours_equals_target_alone"], rows[0]["first_divergence"] = False, 3
@@ -261,7 +261,7 @@ def test_self_auto_outside_the_bench_points_to_it(tmp_path):
     from specdec.models import load_draft
 
     with pytest.raises(ValueError, match="self:auto.*bench"):
-        load_draft("self:auto", SimpleNamespace(model=None))
+        load_draft("self:auto", SimpleNamespace(model=None, dtype="float32"))
 
 
 def test_cli_bench_bad_input_exits_1(tmp_path, capsys):

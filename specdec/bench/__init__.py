@@ -1,0 +1,13 @@
+"""The benchmark: measured speedup next to what the acceptance rate promises, against the baselines.
+
+- `run`: times every (draft, k, prompt) cell: the target alone, ours, HF assisted and HF plain generation;
+- `store`: the run folder (config check, one JSON line per cell, CSV copy), so a run resumes;
+- `summary`: pooled metrics per category, the Markdown report, k advice and performance targets.
+"""
+from .run import BenchConfig, Contender, cells_to_run, contender, run_bench
+from .store import read_rows, write_csv
+from .summary import AdviceRow, Summary, TargetCheck, Targets, advice_rows, format_report, summarise, target_checks
+
+__all__ = ["AdviceRow", "BenchConfig", "Contender", "Summary", "TargetCheck", "Targets", "advice_rows",
+           "cells_to_run", "contender", "format_report", "read_rows", "run_bench", "summarise", "target_checks",
+           "write_csv"]
