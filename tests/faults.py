@@ -1,0 +1,77 @@
+"""Fault injection: run Python code in a child process and SIGKILL it at a chosen point.
+
+A point is "module.attribute" (that function is replaced by a pause), "half:module.attribute"
+(the function runs, its output file is cut to half its size, then the pause: a kill mid-write), or
+"pause" (the code calls `pause` itself). The pause touches a sentinel file and sleeps; the parent
+waits for the sentinel, then kills.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from tempfile import TemporaryDirectory
+
+ROOT = Path(__file__).resolve().parents[1]
+WAIT_S = 180  # a child importing torch and transformers on 2 busy cores takes seconds, not minutes
+
+PRELUDE = """
+import importlib, os, sys, time
+from pathlib import Path
+def pause(*args, **kwargs):
+    Path(os.environ["FAULT_SENTINEL"]).touch()
+    time.sleep(600)
+def half(original):
+    def written_then_cut(payload, filename, *args, **kwargs):
+        original(payload, filename, *args, **kwargs)
+        os.truncate(filename, os.path.getsize(filename) // 2)
+        pause()
+    return written_then_cut
+point = os.environ["FAULT_POINT"]
+if point != "pause":
+    module, _, name = point.removeprefix("half:").rpartition(".")
+    module = importlib.import_module(module)
+    original = getattr(module, name)
+    setattr(module, name, half(original) if point.startswith("half:") else pause)
+"""
+
+
+def start(code: str, point: str = "pause", sentinel: Path | None = None) -> subprocess.Popen:
+    """A child running PRELUDE then `code` (stdout and stderr captured)."""
+    env = {**os.environ, "FAULT_POINT": point, "FAULT_SENTINEL": str(sentinel or "/dev/null"),
+           "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-c", PRELUDE + code], env=env, cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def kill_at(code: str, point: str, waiter: str | None = None) -> subprocess.CompletedProcess | None:
+    """Run `code` until it reaches `point`, then SIGKILL it. With `waiter` (code), a second child is
+    started once the first is paused, given a second to block, and run to completion after the kill;
+    its CompletedProcess is returned."""
+    with TemporaryDirectory() as folder:
+        sentinel = Path(folder) / "paused"
+        child = start(code, point, sentinel)
+        _wait_for(sentinel, child)
+        second = start(waiter) if waiter else None
+        time.sleep(1.0 if waiter else 0)
+        child.send_signal(signal.SIGKILL)
+        child.communicate()
+        assert child.returncode == -signal.SIGKILL
+        if second is None:
+            return None
+        stdout, stderr = second.communicate(timeout=WAIT_S)
+        return subprocess.CompletedProcess(second.args, second.returncode, stdout, stderr)
+
+
+def _wait_for(sentinel: Path, child: subprocess.Popen) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not sentinel.exists():
+        if child.poll() is not None:
+            raise AssertionError(f"the child ended before its kill point: {child.communicate()[1][-2000:]}")
+        if time.monotonic() > deadline:
+            child.kill()
+            raise AssertionError("the child never reached its kill point")
+        time.sleep(0.05)

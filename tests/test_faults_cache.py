@@ -1,0 +1,86 @@
+"""Fault injection on the conversion cache: a child process is SIGKILLed at a chosen point of a write.
+
+The next run must start clean: nothing half-written is trusted, stale partials are removed, and the
+result equals the original model. Kill points: tests/faults.py.
+"""
+import hashlib
+
+import pytest
+import torch
+
+from specdec.models import cache, load_model
+from specdec.testing import tiny_model
+from faults import kill_at
+from test_models_gguf import IDS, write_tiny_gguf
+
+CONVERT = "from specdec.models import load_model; load_model({path!r}, dtype='float32')"
+ASSEMBLE = ("from pathlib import Path; from specdec.models import cache; cache.CHUNK_BYTES = 64; "
+            "cache.assemble([Path({chunk!r})], {sha!r}, Path({out!r}), progress=pause)")
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    model = tiny_model("llama", 0, vocab_size=300)
+    path = tmp_path_factory.mktemp("weights") / "tiny.gguf"
+    write_tiny_gguf(path, model)
+    return path, model
+
+
+def partials():
+    return sorted(p.name for p in cache.root().glob("**/*.partial-*"))
+
+
+@pytest.mark.parametrize("point", ["half:transformers.modeling_utils.safe_save_file",
+                                   "specdec.models.cache.mark_ready"])
+def test_killed_conversion_is_never_trusted_and_the_next_run_converts_cleanly(tiny_gguf, point):
+    path, original = tiny_gguf
+    kill_at(CONVERT.format(path=str(path)), point)
+    assert partials(), "the kill should leave a partial folder behind"
+    loaded = load_model(str(path), dtype="float32")
+    assert loaded.source == "gguf" and partials() == []
+    torch.testing.assert_close(loaded.model(IDS).logits, original(IDS).logits, rtol=0, atol=1e-5)
+
+
+def test_truncated_weights_in_a_finished_folder_are_converted_again(tiny_gguf):
+    path, original = tiny_gguf
+    folder = load_model(str(path), dtype="float32").path
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    again = load_model(str(path), dtype="float32")
+    assert again.source == "gguf" and again.path == folder
+    torch.testing.assert_close(again.model(IDS).logits, original(IDS).logits, rtol=0, atol=1e-5)
+
+
+def test_a_waiting_process_converts_once_the_lock_holder_is_killed(tiny_gguf):
+    """A holds the lock (paused before its marker) and is killed; B, waiting on the lock, converts."""
+    path, original = tiny_gguf
+    code = CONVERT.format(path=str(path))
+    waiter = kill_at(code, "specdec.models.cache.mark_ready", waiter=code)
+    assert waiter.returncode == 0, waiter.stderr
+    loaded = load_model(str(path), dtype="float32")
+    assert loaded.source == "cache" and partials() == []
+    torch.testing.assert_close(loaded.model(IDS).logits, original(IDS).logits, rtol=0, atol=1e-5)
+
+
+def test_killed_assembly_leaves_no_file_and_the_next_assembly_is_whole(tmp_path):
+    chunk = tmp_path / "part.bin"
+    chunk.write_bytes(bytes(range(256)) * 64)
+    sha = hashlib.sha256(chunk.read_bytes()).hexdigest()
+    out = tmp_path / "gguf" / "model.gguf"
+    kill_at(ASSEMBLE.format(chunk=str(chunk), sha=sha, out=str(out)), "pause")
+    assert not out.exists() and list(out.parent.glob("*.partial-*"))
+    assert cache.clean_stale() == 0  # partials outside the cache are the lock holder's to remove
+    assert cache.assemble([chunk], sha, out).read_bytes() == chunk.read_bytes()
+    assert sorted(p.name for p in out.parent.iterdir()) == ["model.gguf"]
+
+
+def test_stale_partials_of_dead_processes_are_removed_at_start(tiny_gguf):
+    path, _ = tiny_gguf
+    kill_at(CONVERT.format(path=str(path)), "specdec.models.cache.mark_ready")
+    assert len(partials()) == 1
+    assert cache.clean_stale() == 1 and partials() == []
