@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from .engine import autoregressive_generate, speculative_generate
 from .inputs import unwrap
+from .trace import pooled_stats
 
 DIVERGENCES = ("forward_kl", "reverse_kl", "tv")
 
@@ -259,11 +260,9 @@ class Acceptance:
 def held_out_acceptance(target, draft, prompts: list[list[int]], *, k: int = 4,
                         max_new_tokens: int = 32) -> Acceptance:
     """α̂ and mean accepted length of `draft` for `target` on `prompts` (greedy, k drafts per round)."""
-    accepted = rejections = rounds = 0
-    for prompt in prompts:
-        stats = speculative_generate(target, draft, prompt, k=k, max_new_tokens=max_new_tokens).stats
-        accepted, rejections, rounds = accepted + stats.accepted_tokens, rejections + stats.rejections, rounds + stats.rounds
-    return Acceptance(accepted / max(accepted + rejections, 1), 1 + accepted / max(rounds, 1))
+    stats = pooled_stats([speculative_generate(target, draft, prompt, k=k, max_new_tokens=max_new_tokens)
+                          for prompt in prompts], k)
+    return Acceptance(stats.acceptance_rate, stats.mean_accepted_length)
 
 
 # --- training -----------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from .drafters.lookup import PromptLookupDraft
 from .drafters.selfspec import SelfSpeculativeDraft, decoder_layers
 from .engine import autoregressive_generate, speculative_generate
 from .inputs import unwrap
-from .trace import DecodeStats
+from .trace import pooled_stats, ratio
 
 
 @dataclass
@@ -138,28 +138,23 @@ class DraftTrials:
         self.model, self.tokenizer, self.prompts = model, tokenizer, list(prompts_ids)
         self.k, self.max_new_tokens = k, max_new_tokens
         autoregressive_generate(model, self.prompts[0], max_new_tokens=2, tokenizer=tokenizer)  # warm-up, untimed
-        self.baseline_tokens_per_s = _tokens_per_s([
+        self.baseline_tokens_per_s = pooled_stats([
             autoregressive_generate(model, p, max_new_tokens=max_new_tokens, tokenizer=tokenizer)
-            for p in self.prompts])
+            for p in self.prompts], 0).tokens_per_s
 
     def measure(self, name: str, make_drafter: Callable[[], Drafter]) -> DraftMeasurement:
         """Greedy-generate every prompt with a fresh drafter; pool all rounds into one DecodeStats."""
         results = [speculative_generate(self.model, make_drafter(), p, k=self.k,
                                         max_new_tokens=self.max_new_tokens, tokenizer=self.tokenizer)
                    for p in self.prompts]
+        stats = pooled_stats(results, self.k)
         rounds = [r for result in results for r in result.rounds]
-        stats = DecodeStats.from_rounds(rounds, self.k)
         return DraftMeasurement(
             draft=name,
             alpha=stats.acceptance_rate,
             cost_ratio=stats.cost_ratio,
             bound=stats.expected_walltime_speedup,
             tokens_per_round=stats.mean_accepted_length,
-            drafted_rounds=sum(bool(r.draft_token_ids) for r in rounds) / max(len(rounds), 1),
-            speedup=_tokens_per_s(results) / self.baseline_tokens_per_s,
+            drafted_rounds=ratio(sum(bool(r.draft_token_ids) for r in rounds), len(rounds)),
+            speedup=ratio(stats.tokens_per_s, self.baseline_tokens_per_s),
         )
-
-
-def _tokens_per_s(results) -> float:
-    """Pooled emitted tokens / pooled wall time over several generations."""
-    return sum(r.stats.emitted_tokens for r in results) / sum(r.stats.wall_time_s for r in results)

@@ -15,6 +15,7 @@ from .engine import speculative_generate
 from .inputs import unwrap
 from .measure import recommend_fallback
 from .suites import Prompt, encode
+from .trace import pooled_stats
 
 
 @dataclass
@@ -46,16 +47,14 @@ def probe(target, draft, prompts: list[Prompt], *, threshold: float = 0.5, sampl
     target_model, tokenizer = unwrap(target, tokenizer)
     chosen = sample_prompts(prompts, samples, seed)
     ids = [encode(p, tokenizer) for p in chosen]
-    counts = {p.category: [0, 0] for p in chosen}  # category -> [accepted, rejections]
+    results = {p.category: [] for p in chosen}  # category -> its GenerationResults
     for prompt, prompt_ids in zip(chosen, ids):
-        stats = speculative_generate(target_model, draft, prompt_ids, k=k, max_new_tokens=max_new_tokens).stats
-        counts[prompt.category][0] += stats.accepted_tokens
-        counts[prompt.category][1] += stats.rejections
-    accepted = sum(a for a, _ in counts.values())
-    rejections = sum(r for _, r in counts.values())
-    alpha = _rate(accepted, rejections)
-    report = ProbeReport(alpha, threshold, alpha >= threshold, len(chosen), k, accepted, rejections,
-                         {c: _rate(a, r) for c, (a, r) in sorted(counts.items())})
+        results[prompt.category].append(
+            speculative_generate(target_model, draft, prompt_ids, k=k, max_new_tokens=max_new_tokens))
+    pooled = pooled_stats([r for category in results.values() for r in category], k)
+    report = ProbeReport(pooled.acceptance_rate, threshold, pooled.acceptance_rate >= threshold, len(chosen), k,
+                         pooled.accepted_tokens, pooled.rejections,
+                         {c: pooled_stats(rs, k).acceptance_rate for c, rs in sorted(results.items())})
     if not report.passed and fallback:
         report.fallback = recommend_fallback(target_model, ids, k=k, max_new_tokens=max_new_tokens)
     report.message = verdict(report)
@@ -86,7 +85,3 @@ def verdict(report: ProbeReport) -> str:
     if report.fallback is not None:
         lines.append(f"Measured fallback: {report.fallback['recommendation']}")
     return "\n".join(lines)
-
-
-def _rate(accepted: int, rejections: int) -> float:
-    return accepted / (accepted + rejections) if accepted + rejections else 0.0

@@ -23,6 +23,7 @@ from ..engine import autoregressive_generate, speculative_generate
 from ..inputs import vocab_size
 from ..models import apply_speed_levers, default_name, load_draft, load_model
 from ..suites import load_suite
+from ..trace import pooled_stats, ratio
 from .distill import add_distill_arguments, apply_threads, config_from, distill_to_folder, prompt_ids
 
 PARTS = ("distill", "measure", "all")
@@ -146,17 +147,16 @@ def measure(args, target, other, held_out: list[list[int]], out: Path) -> list[R
 
 
 def _row(label: str, tokenizer: str, results, alone, alone_ms: float) -> Row:
-    accepted = sum(r.stats.accepted_tokens for r in results)
-    rejections = sum(r.stats.rejections for r in results)
-    rounds = sum(r.stats.rounds for r in results)
+    stats = pooled_stats(results, results[0].stats.k)
     ms = _ms_per_token(results)
     same = sum(r.token_ids == a.token_ids for r, a in zip(results, alone))
-    return Row(label, tokenizer, accepted / max(accepted + rejections, 1), 1 + accepted / max(rounds, 1), ms,
-               alone_ms / ms, f"{same}/{len(results)}")
+    return Row(label, tokenizer, stats.acceptance_rate, stats.mean_accepted_length, ms, ratio(alone_ms, ms),
+               f"{same}/{len(results)}")
 
 
 def _ms_per_token(results) -> float:
-    return 1000 * sum(r.stats.wall_time_s for r in results) / max(sum(len(r.token_ids) for r in results), 1)
+    """Pooled wall time per emitted token, in milliseconds."""
+    return ratio(1000, pooled_stats(results, 0).tokens_per_s)
 
 
 def _markdown(rows: list[Row]) -> str:
