@@ -1,7 +1,7 @@
 """`python -m specdec align`: hard-clone the target's tokenizer into a draft (embedding transplant)."""
 from __future__ import annotations
 
-from ..align import save_aligned, transplant_vocabulary
+from ..align.transplant import save_aligned, transplant_vocabulary
 from ..inputs import vocab_size
 from ..models import add_model_arguments, load_model
 

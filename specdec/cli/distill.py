@@ -1,7 +1,9 @@
 """`python -m specdec distill`: distil a draft (sharing the target's tokenizer) towards the target.
 
 Writes to --out: data/ (the target's continuations, cached), checkpoint/ (resumable), draft/ (the distilled
-draft as a plain HF folder), report.json and loss.html (loss curve and held-out acceptance).
+draft as a plain HF folder), report.json and loss.html (loss curve and held-out acceptance). Each is
+replaced whole (written under a temporary name, then renamed); a folder holding a run is continued only
+with --resume and replaced only with --overwrite. Prompts and settings are checked before any model loads.
 """
 from __future__ import annotations
 
@@ -10,11 +12,13 @@ from pathlib import Path
 
 import torch
 
-from ..align import save_aligned
+from ..align.transplant import save_aligned
 from ..distill import DIVERGENCES, DistillConfig, DistillReport, cached_examples, distill, process_state
 from ..inputs import check_vocabularies
-from ..models import add_model_arguments, load_draft, load_model
-from ..suites import available_suites, encode, load_suite
+from ..models import add_model_arguments, cache, load_draft, load_model
+from ..suites import Prompt, available_suites, encode, load_suite
+
+RUN_OUTPUTS = ("checkpoint", "draft", "report.json", "loss.html")  # what a finished or started run leaves in --out
 
 
 def register(subparsers) -> None:
@@ -23,7 +27,9 @@ def register(subparsers) -> None:
     p.add_argument("--draft", required=True, help="draft with the target's tokenizer (run `align` first if not)")
     add_distill_arguments(p)
     p.add_argument("--out", required=True, help="run folder (reused to resume)")
-    p.add_argument("--resume", action="store_true", help="continue from --out/checkpoint")
+    again = p.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true", help="continue from --out/checkpoint (same settings)")
+    again.add_argument("--overwrite", action="store_true", help="replace the run already in --out")
     p.set_defaults(func=run)
 
 
@@ -66,19 +72,39 @@ def config_from(args) -> DistillConfig:
                          eval_max_new_tokens=args.eval_max_new_tokens)
 
 
+def read_prompts(spec: str, split: str | None, limit: int | None = None) -> list[Prompt]:
+    return load_suite(spec, split=None if split in (None, "all") else split, limit=limit)
+
+
 def prompt_ids(spec: str, split: str | None, tokenizer, limit: int | None = None) -> list[list[int]]:
-    prompts = load_suite(spec, split=None if split in (None, "all") else split, limit=limit)
-    return [encode(p, tokenizer) for p in prompts]
+    return [encode(p, tokenizer) for p in read_prompts(spec, split, limit)]
+
+
+def check_run_folder(out: Path, resume: bool, overwrite: bool) -> None:
+    """Refuse to start a new run over an old one unless told to (then clear the old run's outputs)."""
+    found = [name for name in RUN_OUTPUTS if (out / name).exists()]
+    if not found or resume:
+        return
+    if not overwrite:
+        raise ValueError(f"{out} already holds a run ({', '.join(found)}): pass --resume to continue it, "
+                         "--overwrite to replace it, or another --out")
+    for name in found:
+        cache.remove(out / name)
 
 
 def run(args) -> int:
     apply_threads(args)
+    train = read_prompts(args.prompts, args.split, args.train_limit)
+    held_out = read_prompts(args.eval_prompts or args.prompts, "heldout")[:args.eval_limit]
+    config = config_from(args)
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    check_run_folder(Path(args.out), args.resume, args.overwrite)
     target = load_model(args.target, dtype=args.dtype)
     draft = load_draft(args.draft, target, dtype=args.dtype, bridge=False)
     check_vocabularies(target.model, draft.model)
-    train = prompt_ids(args.prompts, args.split, target.tokenizer, args.train_limit)
-    held_out = prompt_ids(args.eval_prompts or args.prompts, "heldout", target.tokenizer)[:args.eval_limit]
-    report = distill_to_folder(target, draft, train, held_out, config_from(args), Path(args.out),
+    report = distill_to_folder(target, draft, [encode(p, target.tokenizer) for p in train],
+                               [encode(p, target.tokenizer) for p in held_out], config, Path(args.out),
                                max_new_tokens=args.max_new_tokens, on_policy=args.on_policy, resume=args.resume)
     if not report.evals:  # a non-main process of a multi-process launch: the main one reports
         return 0
@@ -108,8 +134,9 @@ def distill_to_folder(target, draft, train: list[list[int]], held_out: list[list
                      resume=resume, progress=progress)
     bar.close()
     if state.is_main_process:
-        save_aligned(draft.model, target.tokenizer, out / "draft")
-        (out / "report.json").write_text(json.dumps(report.to_dict(), indent=1))
+        with cache.atomic_path(out / "draft") as folder:
+            save_aligned(draft.model, target.tokenizer, folder)
+        cache.write_text(out / "report.json", json.dumps(report.to_dict(), indent=1))
         write_plot(report, out / "loss.html")
     state.wait_for_everyone()  # every process returns once the folder is complete
     return report
@@ -127,4 +154,4 @@ def write_plot(report: DistillReport, path: Path) -> None:
     figure.add_scatter(x=[e["step"] for e in report.evals], y=[e["acceptance_rate"] for e in report.evals],
                        name="α̂", mode="lines+markers", row=2, col=1)
     figure.update_xaxes(title_text="optimizer step", row=2, col=1)
-    figure.write_html(path, include_plotlyjs=True)
+    cache.write_text(path, figure.to_html(include_plotlyjs=True))

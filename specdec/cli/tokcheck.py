@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..align import DEFAULT_TEXTS, format_report, tokenizer_report
+from ..align.report import DEFAULT_TEXTS, format_report, tokenizer_report
 from ..models import add_model_arguments, load_model
 
 

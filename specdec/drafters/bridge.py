@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 
-from ..align import decode_text
+from ..align.report import decode_text
 from .base import ModelDrafter, Proposal, SamplingPolicy
 from ..inputs import unwrap, vocab_size
 from ..kv import CachedLM
