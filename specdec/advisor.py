@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import theory
+from .limits import K_MAX
 
-K_MAX = 16  # largest k the advisor considers
 
 
 @dataclass

@@ -19,11 +19,13 @@ import torch
 from .drafters import Drafter, NoDraft, Proposal, SamplingPolicy, as_drafter
 from .inputs import prepare_prompt, resolve_eos, unwrap
 from .kv import CachedLM
+from .costs import CostModel
+from .limits import K_MAX
 from .schedule import AdaptiveK, FixedK
 from .trace import DecodeStats, GenerationResult, Round
 from .verify import Verdict, verify_greedy, verify_sampling
 
-K_MAX = 32  # largest draft length accepted (the dashboard offers 1..10)
+TOP_KEPT = 2  # target logits kept per verification row (enough to explain a greedy near-tie)
 
 OnRound = Callable[[Round], "bool | None"]  # return False to stop after this round
 
@@ -41,25 +43,29 @@ def speculative_generate(
     eos_token_id: int | list[int] | None = None,
     on_round: OnRound | None = None,
     tokenizer=None,
+    costs: CostModel | None = None,
 ) -> GenerationResult:
     """Generate with `draft` proposing k tokens per round and `target` verifying them.
 
-    k: draft length per round, 1..K_MAX, or "auto" (adapted each round from the measured acceptance
-    and cost, rule in `specdec.schedule`).
+    k: draft length per round, 1..K_MAX, or "auto" (chosen each round, 0 allowed, from the measured
+    acceptance and the costs: rule in `specdec.schedule`).
+    costs: the pair's calibrated costs (`specdec.costs.calibrate`); they price the rounds in the stats
+    (predicted speedup, c, v) and steer k="auto". None = Leviathan's assumption, v(n) = 1.
 
     target: a transformers causal LM (or a `specdec.LoadedModel`); draft: a causal LM sharing the
     target's tokenizer, or any `Drafter`. input_ids: LongTensor [1, T], list[int], or a string when
     a tokenizer is given or attached. Greedy output (temperature 0) is token-identical to the target
     alone; with temperature > 0 the output law is the target's (lossless rejection sampling).
-    on_round(round) is called after each round; returning False stops the generation.
+    on_round(round) is called after each round (its time is not counted in the stats); returning
+    False stops the generation.
     """
-    schedule = AdaptiveK() if k == "auto" else FixedK(k)
+    schedule = AdaptiveK(costs) if k == "auto" else FixedK(k)
     if k != "auto" and (not isinstance(k, int) or not 1 <= k <= K_MAX):
         raise ValueError(f"k must be an integer in 1..{K_MAX} or 'auto', got {k!r}")
     target_model, tokenizer = unwrap(target, tokenizer)
     drafter = as_drafter(draft, target_model)
     return _generate(target_model, drafter, input_ids, schedule, max_new_tokens, temperature, top_p, seed,
-                     eos_token_id, on_round, tokenizer)
+                     eos_token_id, on_round, tokenizer, costs)
 
 
 def autoregressive_generate(
@@ -77,11 +83,11 @@ def autoregressive_generate(
     """The target alone, one token per forward, with the same KV cache and sampling code."""
     target_model, tokenizer = unwrap(target, tokenizer)
     return _generate(target_model, NoDraft(), input_ids, FixedK(0), max_new_tokens, temperature, top_p, seed,
-                     eos_token_id, on_round, tokenizer)
+                     eos_token_id, on_round, tokenizer, None)
 
 
 def _generate(target_model, drafter, input_ids, schedule, max_new_tokens, temperature, top_p, seed,
-              eos_token_id, on_round, tokenizer) -> GenerationResult:
+              eos_token_id, on_round, tokenizer, costs) -> GenerationResult:
     prompt = prepare_prompt(input_ids, target_model, tokenizer, max_new_tokens, schedule.k_max)
     policy = _policy(target_model, temperature, top_p, seed)
     eos = resolve_eos(target_model, eos_token_id)
@@ -91,18 +97,23 @@ def _generate(target_model, drafter, input_ids, schedule, max_new_tokens, temper
     emitted: list[int] = []
     rounds: list[Round] = []
     stopped_early = False
+    callback_s = 0.0  # time spent in on_round (page rendering): never part of the measurement
     while len(emitted) < max_new_tokens and not (emitted and emitted[-1] in eos):
         n = min(schedule.next_k(), max_new_tokens - len(emitted) - 1)  # leave room for the target's token
         round_ = _round(verifier, drafter, prompt + emitted, n, policy, eos)
         schedule.observe(round_)
         rounds.append(round_)
         emitted.extend(round_.emitted_token_ids)
-        if on_round is not None and on_round(round_) is False:
-            stopped_early = True
-            break
+        if on_round is not None:
+            called = time.perf_counter()
+            stopped_early = on_round(round_) is False
+            callback_s += time.perf_counter() - called
+            if stopped_early:
+                break
     stats = DecodeStats.from_rounds(
-        rounds, schedule.reported_k(rounds), prefill_time_s=prefill_time, wall_time_s=time.perf_counter() - start,
-        target_forwards=verifier.forwards, draft_forwards=getattr(drafter, "forwards", 0))
+        rounds, schedule.reported_k(rounds), costs, prefill_time_s=prefill_time,
+        wall_time_s=time.perf_counter() - start - callback_s, target_forwards=verifier.forwards,
+        draft_forwards=getattr(drafter, "forwards", 0))
     text = tokenizer.decode(emitted, skip_special_tokens=True) if tokenizer is not None else None
     return GenerationResult(emitted, rounds, stats, text, stopped_early)
 
@@ -117,6 +128,7 @@ def _round(verifier: CachedLM, drafter: Drafter, context: list[int], n: int,
     p_target = policy.probs(target_logits)  # [len(drafts)+1, V]
     p_draft = proposal.draft_distributions(policy.vocab_size)  # [len(drafts), V]
     verdict = _verify(drafts, target_logits, p_draft, p_target, policy)
+    top = target_logits.topk(min(TOP_KEPT, target_logits.shape[-1]), dim=-1)  # values, indices: [n+1, 2]
     rows = torch.arange(len(drafts))
     ids = torch.tensor(drafts, dtype=torch.long)
     return Round(
@@ -130,6 +142,10 @@ def _round(verifier: CachedLM, drafter: Drafter, context: list[int], n: int,
         draft_time_s=proposal.time_s,
         target_time_s=target_time,
         draft_forwards=proposal.forwards,
+        k=n,
+        target_top_ids=top.indices.tolist(),
+        target_top_logits=top.values.tolist(),
+        draft_source=proposal.source if drafts else "",
     )
 
 

@@ -1,17 +1,28 @@
-"""How many tokens to draft next round: a fixed k, or k="auto".
+"""How many tokens to draft next round: a fixed k, or k="auto" (a cost-aware controller).
 
-k="auto" rule (documented once, here): after every round, k = theory.optimal_k(alpha~, c, K_AUTO_MAX) where
-alpha~ = (accepted + 1) / (accepted + rejections + 2) is the running acceptance rate with a uniform prior
-(Laplace smoothing: one early all-accepted round does not jump to k_max) and c is the running cost ratio
-(mean draft forward / mean target forward). Until a round has been timed, k = K_AUTO_START.
+k="auto" rule (documented once, here). Before every round the controller picks the k in
+0..K_AUTO_MAX that maximises predicted tokens per unit of time,
+
+    E_k / cost_k,   E_k = 1 + sum_{j<=k} prod_{i<=j} a_i   (`theory.tokens_per_round_by_k`)
+                    cost_k = v(k+1) + k*c                   (`specdec.costs`; v = 1 without a calibration)
+
+where a_i is the running conditional acceptance at draft position i: accepted there / reached there,
+counts decayed by DECAY each round (recent rounds count most) and shrunk towards the pooled rate
+(PRIOR_ROUNDS pseudo-rounds) so a position seldom reached borrows strength from the others. c is the
+calibrated draft cost, or the run's own measurement. k = 0 (a plain target step, cost v(1) = 1, one
+token) wins whenever no k is predicted to beat the target alone; after PROBE_AFTER rounds at k = 0 the
+controller drafts one token to look again. Until a round has been observed, k = K_AUTO_START.
 """
 from __future__ import annotations
 
 from . import theory
-from .trace import Round
+from .costs import CostModel
+from .limits import K_AUTO_MAX, K_AUTO_START
+from .trace import Round, ratio
 
-K_AUTO_START = 4  # first-round k before anything is measured
-K_AUTO_MAX = 10  # largest k the rule may choose (the dashboard's range)
+DECAY = 0.9  # weight of the past per round: about the last 10 rounds decide
+PRIOR_ROUNDS = 1.0  # pseudo-rounds at the pooled acceptance rate added to every position
+PROBE_AFTER = 8  # rounds of k = 0 before one probe with k = 1
 
 
 class FixedK:
@@ -29,28 +40,56 @@ class FixedK:
 
 
 class AdaptiveK:
-    """k="auto": the Leviathan-optimal k for the acceptance and cost measured so far in this generation."""
+    """k="auto": the k (0 allowed) with the most predicted tokens per second, from acceptance and costs so far."""
 
-    def __init__(self, k_max: int = K_AUTO_MAX):
+    def __init__(self, costs: CostModel | None = None, k_max: int = K_AUTO_MAX):
+        self.costs = costs  # calibrated v(n) and c; None = v(n) = 1 and c measured in this run
         self.k_max = k_max
-        self.accepted = self.rejections = self.draft_forwards = self.rounds = 0
-        self.draft_time = self.target_time = 0.0
+        self.reached = [0.0] * k_max  # decayed count of rounds that reached draft position i
+        self.accepted = [0.0] * k_max  # decayed count of rounds that accepted it
+        self.rounds_at_zero = 0  # consecutive rounds the controller chose k = 0
+        self.draft_time = self.target_time = 0.0  # for c when there is no calibration
+        self.draft_forwards = self.observed = 0
 
     def next_k(self) -> int:
-        if self.draft_forwards == 0:
-            return K_AUTO_START
-        alpha = (self.accepted + 1) / (self.accepted + self.rejections + 2)
-        c = (self.draft_time / self.draft_forwards) / (self.target_time / self.rounds)
-        return theory.optimal_k(alpha, c, self.k_max)
+        if self.observed == 0:
+            return min(K_AUTO_START, self.k_max)
+        gains = [e / self._cost(k) for k, e in enumerate(theory.tokens_per_round_by_k(self.position_rates()))]
+        best = max(range(len(gains)), key=lambda k: (gains[k], -k))
+        self.rounds_at_zero = self.rounds_at_zero + 1 if best == 0 else 0
+        if self.rounds_at_zero > PROBE_AFTER:
+            self.rounds_at_zero = 0
+            return 1
+        return best
+
+    def position_rates(self) -> list[float]:
+        """a_i per draft position: decayed accepted / reached, shrunk towards the pooled rate."""
+        pooled = (sum(self.accepted) + 1.0) / (sum(self.reached) + 2.0)  # Laplace: 1/2 before any data
+        return [(a + PRIOR_ROUNDS * pooled) / (r + PRIOR_ROUNDS) for a, r in zip(self.accepted, self.reached)]
 
     def reported_k(self, rounds: list[Round]) -> int:
         """The k of the stats: the mean draft length per round, rounded."""
         return round(sum(len(r.draft_token_ids) for r in rounds) / max(len(rounds), 1))
 
     def observe(self, round_: Round) -> None:
-        self.accepted += round_.num_accepted
-        self.rejections += round_.rejected
-        self.draft_forwards += round_.draft_forwards
-        self.rounds += 1
+        self.observed += 1
+        self.reached = [x * DECAY for x in self.reached]
+        self.accepted = [x * DECAY for x in self.accepted]
+        for i in range(min(len(round_.draft_token_ids), round_.num_accepted + 1, self.k_max)):
+            self.reached[i] += 1.0
+            self.accepted[i] += i < round_.num_accepted
         self.draft_time += round_.draft_time_s
-        self.target_time += round_.target_time_s
+        self.draft_forwards += round_.draft_forwards
+        self.target_time += round_.target_time_s / self._v(len(round_.draft_token_ids) + 1)
+
+    def _cost(self, k: int) -> float:
+        """Target steps a round with k drafts costs: v(k+1) + k*c."""
+        return self._v(k + 1) + k * self._c()
+
+    def _v(self, n: int) -> float:
+        return self.costs.v(n) if self.costs else 1.0
+
+    def _c(self) -> float:
+        if self.costs is not None:
+            return self.costs.draft_cost
+        return ratio(ratio(self.draft_time, self.draft_forwards), ratio(self.target_time, self.observed))

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from specdec import autoregressive_generate, speculative_generate
+from specdec import autoregressive_generate, speculative_generate, theory
 from specdec.drafters import Drafter
 from specdec.testing import ARCHITECTURES, perturbed_copy, tiny_model
 
@@ -179,12 +179,47 @@ def synthetic_round(num_drafted, num_accepted, draft_time, target_time):
 
 
 def test_k_auto_follows_the_optimal_k_of_what_it_measured():
-    from specdec import theory
-    from specdec.schedule import K_AUTO_START, AdaptiveK
+    from specdec.limits import K_AUTO_MAX, K_AUTO_START
+    from specdec.schedule import AdaptiveK
     cheap_and_good, costly_and_poor = AdaptiveK(), AdaptiveK()
     assert cheap_and_good.next_k() == K_AUTO_START
     for _ in range(20):
         cheap_and_good.observe(synthetic_round(4, 4, draft_time=4 * 0.01, target_time=1.0))  # c = 0.01
         costly_and_poor.observe(synthetic_round(4, 0, draft_time=4 * 0.5, target_time=1.0))  # c = 0.5
-    assert cheap_and_good.next_k() == theory.optimal_k(81 / 82, 0.01, 10) == 10
-    assert costly_and_poor.next_k() == theory.optimal_k(1 / 22, 0.5, 10) == 1
+    assert cheap_and_good.next_k() == K_AUTO_MAX  # every position passes and drafting is nearly free
+    assert costly_and_poor.next_k() == 0  # nothing passes: plain target steps are faster
+
+
+def test_k_auto_prices_verification_with_the_calibrated_curve():
+    from specdec.costs import CostModel, TargetCosts
+    from specdec.schedule import AdaptiveK
+    flat = CostModel(TargetCosts(0.1, [1.0] * 9, "test"), 0.05, "test")
+    steep = CostModel(TargetCosts(0.1, [1.0 + 0.6 * n for n in range(9)], "test"), 0.05, "test")
+    controllers = {"flat": AdaptiveK(flat), "steep": AdaptiveK(steep)}
+    for controller in controllers.values():
+        for accepted in [8, 6, 8, 3, 8, 7, 5, 8] * 4:  # a_i high but below 1 at every position
+            controller.observe(synthetic_round(8, accepted, draft_time=0.04, target_time=0.1))
+    rates = controllers["steep"].position_rates()
+    best_steep = controllers["steep"].next_k()
+    expected = theory.tokens_per_round_by_k(rates)
+    assert best_steep == max(range(len(expected)), key=lambda k: (expected[k] / steep.round_cost(k, k), -k))
+    assert best_steep < controllers["flat"].next_k()
+
+
+def test_k_auto_falls_back_to_plain_steps_and_probes_again():
+    from specdec.schedule import PROBE_AFTER, AdaptiveK
+    controller = AdaptiveK()
+    chosen = []
+    for _ in range(3 * PROBE_AFTER):
+        k = controller.next_k()
+        chosen.append(k)
+        controller.observe(synthetic_round(k, 0, draft_time=0.3 * k, target_time=1.0))
+    assert chosen.count(0) >= 2 * PROBE_AFTER - 2
+    assert 1 in chosen[PROBE_AFTER:]  # a probe after a stretch of k = 0
+
+
+def test_k_auto_with_a_useless_draft_is_lossless_and_mostly_plain_steps(models):
+    result = speculative_generate(models["target"], models["unrelated"], PROMPT, k="auto", max_new_tokens=37,
+                                  eos_token_id=[])
+    assert result.token_ids == models["expected_37"]
+    assert sum(r.k == 0 for r in result.rounds) > len(result.rounds) // 2

@@ -52,6 +52,7 @@ class Proposal:
     p_draft: torch.Tensor | None  # [len, V_target] distribution each token was drawn from; None = point masses
     time_s: float = 0.0  # wall time spent proposing
     forwards: int = 0  # model forwards spent proposing
+    source: str = "model"  # which kind of drafter proposed: "model" or "lookup"
 
     def draft_distributions(self, vocab_size: int) -> torch.Tensor:
         """p_draft as [len, V_target]; a drafter without probabilities counts as a point mass."""

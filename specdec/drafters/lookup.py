@@ -55,4 +55,4 @@ class PromptLookupDraft:
     def propose(self, context_ids: list[int], n: int, policy: SamplingPolicy) -> Proposal:
         start = time.perf_counter()
         tokens = find_continuation(context_ids, n, self.max_ngram, self.min_ngram)
-        return Proposal(tokens, None, time.perf_counter() - start, 0)
+        return Proposal(tokens, None, time.perf_counter() - start, 0, source="lookup")

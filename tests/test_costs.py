@@ -1,0 +1,123 @@
+"""The cost model: v(n) and c measured and cached, predictions by formula, the dtype choice, divergences."""
+import pytest
+import torch
+
+from specdec import autoregressive_generate, speculative_generate, theory
+from specdec.costs import CostModel, TargetCosts, assumed_costs, calibrate
+from specdec.models import loading
+from specdec.testing import perturbed_copy, tiny_model
+from specdec.trace import ROUNDING_NOISE, GenerationResult, Round, explain_divergence
+
+PROMPT = [5, 6, 7, 8, 9, 10, 11, 12]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = tiny_model("llama", seed=0)
+    return target, perturbed_copy(target, noise=0.2, seed=1)
+
+
+def test_predicted_speedup_is_the_formula():
+    costs = CostModel(TargetCosts(0.2, [1.0, 1.1, 1.3, 1.6, 2.0], "test"), 0.25, "test")
+    for alpha in (0.0, 0.5, 0.9, 1.0):
+        for k in range(1, 5):
+            expected = theory.expected_tokens_per_step(alpha, k) / (costs.v(k + 1) + k * 0.25)
+            assert costs.predicted_speedup(alpha, k) == pytest.approx(expected)
+    assert costs.v(7) == pytest.approx(2.0 + 2 * 0.4)  # extended linearly past the calibrated sizes
+    assert theory.walltime_speedup(0.8, 5, 0.0) == pytest.approx(3.6893, abs=1e-4)  # Leviathan's Table 1
+    assert assumed_costs(0.3).predicted_speedup(0.7, 3) == pytest.approx(theory.walltime_speedup(0.7, 3, 0.3))
+
+
+def test_calibration_is_measured_once_then_cached_and_recalibrated_on_request(pair, tmp_path):
+    target, draft = pair
+    first = calibrate(target, draft, n_max=4, repeats=1, cache_dir=tmp_path)
+    assert first.measured_now and len(first.target.verify) == 4 and first.target.verify[0] == 1.0
+    assert first.target.step_s > 0 and first.draft_cost > 0
+    again = calibrate(target, draft, n_max=4, repeats=1, cache_dir=tmp_path)
+    assert not again.measured_now and again.to_dict() | {"measured_now": True} == first.to_dict()
+    assert calibrate(target, draft, n_max=4, repeats=1, cache_dir=tmp_path, recalibrate=True).measured_now
+    lookup = calibrate(target, None, n_max=4, repeats=1, cache_dir=tmp_path)
+    assert lookup.draft_key != first.draft_key  # another draft: its own cost entry
+
+
+def test_calibration_key_follows_threads_and_dtype(pair, tmp_path):
+    target, draft = pair
+    base = calibrate(target, draft, n_max=3, repeats=1, cache_dir=tmp_path)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        assert calibrate(target, draft, n_max=3, repeats=1, cache_dir=tmp_path).measured_now
+    finally:
+        torch.set_num_threads(threads)
+    bf16_target, bf16_draft = (tiny_model("llama", seed=0).to(torch.bfloat16), draft.to(torch.bfloat16))
+    assert calibrate(bf16_target, bf16_draft, n_max=3, repeats=1, cache_dir=tmp_path).measured_now
+    assert not calibrate(target.float(), draft.float(), n_max=3, repeats=1, cache_dir=tmp_path).measured_now
+    assert base.target.key != ""
+
+
+def test_stats_price_rounds_with_the_calibrated_costs(pair):
+    target, draft = pair
+    costs = CostModel(TargetCosts(0.01, [1.0, 1.5, 2.0, 2.5, 3.0], "test"), 0.1, "test")
+    result = speculative_generate(target, draft, PROMPT, k=3, max_new_tokens=24, eos_token_id=[], costs=costs)
+    s, rounds = result.stats, result.rounds
+    steps = sum(costs.v(len(r.draft_token_ids) + 1) + r.draft_forwards * 0.1 for r in rounds)
+    assert s.predicted_speedup == pytest.approx(s.emitted_tokens / steps)
+    assert s.verify_cost == pytest.approx(sum(costs.v(len(r.draft_token_ids) + 1) for r in rounds) / len(rounds))
+    step = s.target_time_s / sum(costs.v(len(r.draft_token_ids) + 1) for r in rounds)
+    assert s.cost_ratio == pytest.approx(s.draft_time_s / sum(r.draft_forwards for r in rounds) / step)
+    assert all(len(r.target_top_ids) == len(r.draft_token_ids) + 1 for r in rounds)
+
+
+def test_on_round_time_is_not_measured(pair):
+    import time
+    target, draft = pair
+    result = speculative_generate(target, draft, PROMPT, k=3, max_new_tokens=12, eos_token_id=[],
+                                  on_round=lambda r: time.sleep(0.2))
+    assert result.stats.wall_time_s < 0.2 * len(result.rounds) / 2
+
+
+@pytest.mark.parametrize("bf16, amx, device, expected", [
+    (True, False, "cpu", "bfloat16"), (False, True, "cpu", "bfloat16"), (False, False, "cpu", "float32"),
+    (False, False, "cuda", "bfloat16")])
+def test_auto_dtype_follows_the_hardware(monkeypatch, bf16, amx, device, expected):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    assert loading.resolve_dtype("auto", device) == expected
+    assert loading.resolve_dtype("float32", device) == "float32"
+
+
+def greedy_round(token, top):
+    """A one-row round emitting `token`, with the target's top-2 {id: logit} of that row."""
+    return Round([], [], [], [], 0, token, [token], 0.0, 0.01, 0, 0, [list(top)], [list(top.values())])
+
+
+def result_of(rounds):
+    from specdec.trace import DecodeStats
+    return GenerationResult([t for r in rounds for t in r.emitted_token_ids], rounds, DecodeStats.from_rounds(rounds, 0))
+
+
+def test_a_constructed_near_tie_is_explained_as_rounding():
+    alone = result_of([greedy_round(1, {1: 20.0}), greedy_round(7, {7: 20.01, 9: 20.0})])
+    spec = result_of([greedy_round(1, {1: 20.0}), greedy_round(9, {9: 20.02, 7: 19.99})])
+    divergence = explain_divergence(spec, alone, "bfloat16")
+    assert (divergence.position, divergence.alone_token, divergence.speculative_token) == (1, 7, 9)
+    assert divergence.gap_one_token == pytest.approx(0.01) and divergence.gap_batched == pytest.approx(0.03)
+    assert divergence.tolerance == pytest.approx(ROUNDING_NOISE["bfloat16"] * 20.02)
+    assert divergence.near_tie and "near-tie" in divergence.describe()
+    assert explain_divergence(alone, alone, "bfloat16") is None
+
+
+def test_a_divergence_rounding_cannot_explain_is_called_a_bug():
+    alone = result_of([greedy_round(7, {7: 25.0, 9: 20.0})])
+    spec = result_of([greedy_round(9, {9: 25.0, 7: 20.0})])
+    divergence = explain_divergence(spec, alone, "float32")
+    assert not divergence.near_tie and "bug" in divergence.describe()
+    far = result_of([greedy_round(9, {9: 25.0, 3: 24.0})])  # the alone token is not even in the top 2
+    assert explain_divergence(far, alone, "bfloat16").gap_batched is None
+
+
+def test_identical_runs_have_no_divergence(pair):
+    target, draft = pair
+    alone = autoregressive_generate(target, PROMPT, max_new_tokens=16, eos_token_id=[])
+    spec = speculative_generate(target, draft, PROMPT, k=3, max_new_tokens=16, eos_token_id=[])
+    assert explain_divergence(spec, alone, "float32") is None
