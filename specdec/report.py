@@ -1,7 +1,7 @@
 """Plain-text and tabular views of a `GenerationResult` (shared by the CLI, dashboard and bench)."""
 from __future__ import annotations
 
-from .trace import DecodeStats, GenerationResult, first_divergence, measured_speedup
+from .trace import DecodeStats, Divergence, GenerationResult, explain_divergence, measured_speedup
 
 STAT_LINES = (  # (field, label, format)
     ("acceptance_rate", "acceptance rate α̂ = accepted/(accepted+rejections)", "{:.3f}"),
@@ -10,9 +10,11 @@ STAT_LINES = (  # (field, label, format)
     ("rounds", "rounds (verification forwards)", "{}"),
     ("draft_tokens", "draft tokens proposed", "{}"),
     ("accepted_tokens", "draft tokens accepted", "{}"),
-    ("cost_ratio", "cost ratio c = draft forward / target forward", "{:.3f}"),
-    ("theoretical_speedup", "theoretical speedup (1-α^(k+1))/(1-α)", "{:.2f}"),
-    ("expected_walltime_speedup", "cost-aware bound (1-α^(k+1))/((1-α)(kc+1))", "{:.2f}"),
+    ("cost_ratio", "cost ratio c = one draft step / one target step", "{:.3f}"),
+    ("verify_cost", "verification cost v(k+1) in target steps (1 = Leviathan's assumption)", "{:.2f}"),
+    ("theoretical_speedup", "tokens per target forward (1-α^(k+1))/(1-α)", "{:.2f}"),
+    ("expected_walltime_speedup", "Leviathan bound (1-α^(k+1))/((1-α)(kc+1)), verification = 1 step", "{:.2f}"),
+    ("predicted_speedup", "predicted speedup tokens/(v(n+1)+forwards·c) over the rounds", "{:.2f}"),
     ("tokens_per_s", "tokens/s", "{:.2f}"),
     ("wall_time_s", "wall time (s)", "{:.2f}"),
 )
@@ -32,6 +34,8 @@ def round_rows(result: GenerationResult, tokenizer=None) -> list[dict]:
         produced.extend(r.emitted_token_ids)
         rows.append({
             "round": index,
+            "k": r.k,
+            "drafted by": r.draft_source or "-",
             "matches": "[" + ",".join("T" if m else "F" for m in r.matches) + "]",
             "accepted": r.num_accepted,
             "target token": token_text(tokenizer, [r.target_token_id]),
@@ -57,16 +61,22 @@ def format_stats(stats: DecodeStats) -> str:
     return "\n".join(f"{label}: {fmt.format(getattr(stats, name))}" for name, label, fmt in STAT_LINES)
 
 
-def baseline_lines(result: GenerationResult, baseline: GenerationResult, greedy: bool) -> list[str]:
-    """Measured speedup over the target alone and, when greedy, whether the outputs agree."""
+def baseline_lines(result: GenerationResult, baseline: GenerationResult, greedy: bool, dtype: str,
+                   tokenizer=None) -> list[str]:
+    """Measured vs predicted speedup over the target alone and, when greedy, whether the outputs agree and why not."""
     speedup = measured_speedup(result.stats, baseline.stats)
-    lines = [f"target alone: {baseline.stats.tokens_per_s:.2f} tokens/s; measured speedup: {speedup:.2f}x"]
-    divergence = first_divergence(result.token_ids, baseline.token_ids)
+    lines = [f"target alone: {baseline.stats.tokens_per_s:.2f} tokens/s; measured speedup: {speedup:.2f}x "
+             f"(predicted {result.stats.predicted_speedup:.2f}x, Leviathan bound "
+             f"{result.stats.expected_walltime_speedup:.2f}x)"]
     if not greedy:
-        lines.append("sampling: outputs differ run to run; the law is the target's (see tests/test_sampling.py)")
-    elif divergence is None:
-        lines.append("output identical to the target alone")
-    else:
-        lines.append(f"output differs from the target alone from token {divergence} on "
-                     "(a near-tie rounded differently by batched low-precision verification)")
+        lines.append("sampling: outputs differ run to run; the output law is the target's (lossless rejection sampling)")
+        return lines
+    divergence = explain_divergence(result, baseline, dtype)
+    lines.append("output identical to the target alone" if divergence is None
+                 else f"output differs from the target alone at {divergence.describe(tokenizer)}")
     return lines
+
+
+def is_bug(divergence: Divergence | None) -> bool:
+    """A greedy divergence that rounding noise does not explain."""
+    return divergence is not None and not divergence.near_tie

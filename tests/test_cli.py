@@ -28,9 +28,25 @@ def test_generate_prints_round_table_stats_and_baseline(folders, capsys):
     code, out, _ = run(capsys, "generate", "--target", str(target), "--draft", str(draft), "--prompt",
                        "def print the", "--k", "3", "--max-new-tokens", "12", "--baseline")
     assert code == 0
-    assert "round | matches" in out and "[T,T,T]" in out  # draft = target: everything accepted
-    assert "acceptance rate α̂" in out and "cost-aware bound" in out
-    assert "output identical to the target alone" in out
+    assert "round | k | drafted by | matches" in out and "[T,T,T]" in out  # draft = target: all accepted
+    assert "acceptance rate α̂" in out and "Leviathan bound" in out and "predicted speedup" in out
+    assert "output identical to the target alone" in out and "measured speedup" in out
+
+
+def test_generate_defaults_to_the_cost_aware_k(folders, capsys):
+    target, draft = folders
+    code, out, _ = run(capsys, "generate", "--target", str(target), "--draft", str(draft), "--prompt",
+                       "def print the", "--max-new-tokens", "12", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["costs"]["target"]["verify"][0] == 1.0
+    assert all(0 <= r["k"] <= 8 for r in data["rounds"]) and data["token_ids"]
+
+
+def test_profile_prints_the_verification_curve_and_predictions(folders, capsys):
+    target, draft = folders
+    code, out, _ = run(capsys, "profile", "--target", str(target), "--draft", str(draft), "--kernels")
+    assert code == 0 and "v(n)" in out and "c = " in out and "α = 0.8" in out
+    assert "bfloat16 F.linear" in out
 
 
 def test_generate_json_is_the_whole_result(folders, capsys):

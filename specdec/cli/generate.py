@@ -2,10 +2,15 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
+from ..costs import calibrate
 from ..engine import autoregressive_generate, speculative_generate
 from ..models import add_model_arguments, load_draft, load_model
-from ..report import baseline_lines, format_stats, format_table, round_rows
+from ..report import baseline_lines, format_stats, format_table, is_bug, round_rows
+from ..trace import explain_divergence
+
+BUG_EXIT = 3  # exit status when greedy output leaves the target's for a reason rounding cannot explain
 
 
 def register(subparsers) -> None:
@@ -13,13 +18,16 @@ def register(subparsers) -> None:
     add_model_arguments(p)
     p.add_argument("--draft", required=True, help="draft model (catalogue name, folder, .gguf, hub id) or drafter")
     p.add_argument("--prompt", required=True)
-    p.add_argument("--k", type=_k_value, default=4, help="draft tokens per round (1..32) or 'auto'")
+    p.add_argument("--k", type=_k_value, default="auto",
+                   help="draft tokens per round (1..16), or auto (default: chosen each round from the measured costs)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--baseline", action="store_true",
                    help="also run the target alone: measured speedup and an output-identity check")
+    p.add_argument("--recalibrate", action="store_true",
+                   help="measure the verification cost v(n) and the draft cost c again (else cached per machine)")
     p.add_argument("--json", action="store_true", help="print the whole result as JSON")
     p.set_defaults(func=run)
 
@@ -29,21 +37,25 @@ def run(args) -> int:
     draft = load_draft(args.draft, target, dtype=args.dtype)
     sampling = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                     seed=args.seed)
-    result = speculative_generate(target, draft, args.prompt, k=args.k, **sampling)
+    costs = calibrate(target, draft, recalibrate=args.recalibrate)
+    result = speculative_generate(target, draft, args.prompt, k=args.k, costs=costs, **sampling)
     baseline = autoregressive_generate(target, args.prompt, **sampling) if args.baseline else None
+    greedy = args.temperature == 0
+    divergence = explain_divergence(result, baseline, target.dtype) if baseline and greedy else None
     if args.json:
-        output = result.to_dict()
+        output = {**result.to_dict(), "costs": costs.to_dict()}
         if baseline is not None:
             output["baseline"] = baseline.to_dict()
+            output["divergence"] = divergence and asdict(divergence)
         print(json.dumps(output, ensure_ascii=False, indent=1))
-        return 0
-    print(f"{args.prompt}{result.text}\n")
-    print(format_table(round_rows(result, target.tokenizer)))
-    print()
-    print(format_stats(result.stats))
-    if baseline is not None:
-        print("\n".join(baseline_lines(result, baseline, greedy=args.temperature == 0)))
-    return 0
+    else:
+        print(f"{args.prompt}{result.text}\n")
+        print(format_table(round_rows(result, target.tokenizer)))
+        print()
+        print(format_stats(result.stats))
+        if baseline is not None:
+            print("\n".join(baseline_lines(result, baseline, greedy, target.dtype, target.tokenizer)))
+    return BUG_EXIT if is_bug(divergence) else 0
 
 
 def _k_value(text: str):

@@ -4,7 +4,7 @@ Why a verification forward of k+1 tokens cost several single-token steps in floa
 every fp32 Linear did. One row runs a matrix-vector product that streams each weight once; 2-16 rows
 of `F.linear(x, W)` take MKL's GEMM path, measured here (AMD EPYC, 2 threads) at ~2.3x the 1-row time
 for 2 rows and ~4.8x for 5, while the same product written `(W @ x.T).T` costs 1.1-1.3x
-(`python -m specdec.models.speed` prints the table). So:
+(`python -m specdec profile --kernels` prints the table). So:
 
 - `RowsFirstLinear`: every float32 CPU Linear computes 2..ROWS_FIRST_MAX rows as W @ x.T (no copy,
   same parameters); 1 row and long prefills keep `F.linear`.
@@ -94,31 +94,3 @@ def transpose_head_storage(model: torch.nn.Module) -> bool:
     head.register_buffer("weight_t", None, persistent=False)  # a buffer: counted by pools, never saved
     head._refresh()
     return True
-
-
-def _measure_kernels() -> None:
-    """Print F.linear vs (W @ x.T).T vs x @ W.T-contiguous times for the 1.5B target's shapes, by rows."""
-    import time
-
-    def median_ms(run, repeats=7):
-        run()
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - start)
-        return sorted(times)[repeats // 2] * 1000
-
-    for out_features, in_features, what in [(8960, 1536, "MLP up"), (1536, 8960, "MLP down"), (151936, 1536, "LM head")]:
-        weight = torch.randn(out_features, in_features)
-        weight_t = weight.t().contiguous()
-        for rows in (1, 2, 5):
-            x = torch.randn(rows, in_features)
-            times = [median_ms(lambda: torch.nn.functional.linear(x, weight)), median_ms(lambda: (weight @ x.T).T),
-                     median_ms(lambda: x @ weight_t)]
-            print(f"{what:8s} [{out_features},{in_features}] rows={rows}: F.linear {times[0]:6.1f} ms | "
-                  f"W @ x.T {times[1]:6.1f} ms | x @ W_t {times[2]:6.1f} ms", flush=True)
-
-
-if __name__ == "__main__":
-    _measure_kernels()
