@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -35,6 +36,7 @@ import torch.nn.functional as F
 
 from .engine import autoregressive_generate, speculative_generate
 from .inputs import unwrap
+from .models import cache
 from .trace import pooled_stats
 
 DIVERGENCES = ("forward_kl", "reverse_kl", "tv")
@@ -286,6 +288,24 @@ class DistillConfig:
     checkpoint_every: int = 100  # steps between checkpoints (when a checkpoint_dir is given)
     seed: int = 0  # batch order
 
+    def __post_init__(self):
+        """Refuse, on construction (before any model loads), settings that would fail late or train nothing."""
+        rules = {"steps": (self.steps >= 1, ">= 1"), "lr": (0 < self.lr < math.inf, "> 0"),
+                 "batch_size": (self.batch_size >= 1, ">= 1"), "grad_accum": (self.grad_accum >= 1, ">= 1"),
+                 "temperature": (0 < self.temperature < math.inf, "> 0"), "alpha": (0 <= self.alpha <= 1, "in [0, 1]"),
+                 "divergence": (self.divergence in DIVERGENCES, f"one of {DIVERGENCES}"),
+                 "top_k": (self.top_k is None or self.top_k >= 1, ">= 1 or None"),
+                 "max_grad_norm": (self.max_grad_norm > 0, "> 0"), "eval_every": (self.eval_every >= 0, ">= 0"),
+                 "eval_k": (self.eval_k >= 1, ">= 1"), "eval_max_new_tokens": (self.eval_max_new_tokens >= 1, ">= 1"),
+                 "checkpoint_every": (self.checkpoint_every >= 1, ">= 1")}
+        for name, (valid, rule) in rules.items():
+            if not valid:
+                raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
+
+
+TRAINING_SETTINGS = ("lr", "batch_size", "grad_accum", "temperature", "alpha", "divergence", "top_k", "max_grad_norm",
+                     "seed")  # what a resumed run must share with its checkpoint (the rest: step count, evaluation)
+
 
 @dataclass
 class DistillReport:
@@ -295,6 +315,7 @@ class DistillReport:
     examples: int  # training sequences
     train_tokens: int  # continuation tokens the loss covers, over the data set
     steps_done: int  # optimizer steps completed (a resumed run counts the earlier ones)
+    data: str = ""  # sha256 prefix of the training examples (a resume must train on the same data)
     losses: list[dict] = field(default_factory=list)  # per step: step, loss, ce, divergence
     evals: list[dict] = field(default_factory=list)  # step, acceptance_rate, mean_accepted_length
     wall_time_s: float = 0.0  # time of this run (a resumed run: since resuming)
@@ -328,19 +349,19 @@ def distill(target, draft, data: list[Example], *, config: DistillConfig = Disti
 
     if not data:
         raise ValueError("no training examples: give prompts the target can continue")
-    if config.divergence not in DIVERGENCES:
-        raise ValueError(f"divergence must be one of {DIVERGENCES}, got {config.divergence!r}")
+    checkpoint = Path(checkpoint_dir) if checkpoint_dir else None
+    saved = latest_checkpoint(checkpoint) if checkpoint else None
+    if saved is not None and not resume:
+        raise ValueError(f"{checkpoint} holds a checkpoint of another run: resume it, or use another folder")
     target_model, _ = unwrap(target, None)
     draft_model, _ = unwrap(draft, None)
     accelerator = Accelerator(cpu=cpu_only(), gradient_accumulation_steps=config.grad_accum)
     target_model.to(accelerator.device).eval()
     optimizer = torch.optim.AdamW([p for p in draft_model.parameters() if p.requires_grad], lr=config.lr)
     report = DistillReport(asdict(config), len(data), sum(len(e.completion_ids) for e in data), 0,
-                           processes=accelerator.num_processes)
-    checkpoint = Path(checkpoint_dir) if checkpoint_dir else None
-    if resume and checkpoint is not None and (checkpoint / STATE_FILE).exists():
-        report = _load_checkpoint(checkpoint, draft_model, optimizer)
-        report.config = asdict(config)  # this run's settings (steps may have grown)
+                           data=data_fingerprint(data), processes=accelerator.num_processes)
+    if saved is not None:
+        report = _resumed(saved, report, draft_model, optimizer)
     trained, optimizer = accelerator.prepare(draft_model, optimizer)
     labeller = TargetLabeller(target_model, config.temperature, config.top_k)
     start = time.perf_counter()
@@ -417,19 +438,56 @@ def _evaluate(accelerator, target_model, trained, prompts, config: DistillConfig
     report.evals.append({"step": report.steps_done} | asdict(result))
 
 
+def data_fingerprint(data: list[Example]) -> str:
+    return hashlib.sha256(json.dumps([asdict(e) for e in data]).encode()).hexdigest()[:16]
+
+
+# --- checkpoints --------------------------------------------------------------------------------------------
+# checkpoint/step-<n>/ holds draft.safetensors, optimizer.pt and trainer_state.json; checkpoint/LATEST names
+# the newest complete one. A step folder is written under a partial name, fsynced and renamed; LATEST is
+# then replaced atomically; so a kill at any point leaves LATEST naming a whole checkpoint.
+
 STATE_FILE = "trainer_state.json"
+LATEST = "LATEST"
 
 
-def _save_checkpoint(folder: Path, accelerator, trained, optimizer, report: DistillReport) -> None:
-    """Draft weights (safetensors), optimizer state, and the report so far."""
+def latest_checkpoint(checkpoint: Path) -> Path | None:
+    """The newest complete step folder under `checkpoint`, or None."""
+    pointer = checkpoint / LATEST
+    return checkpoint / pointer.read_text().strip() if pointer.is_file() else None
+
+
+def _save_checkpoint(checkpoint: Path, accelerator, trained, optimizer, report: DistillReport) -> None:
+    """Draft weights (safetensors), optimizer state, and the report so far, swapped in whole."""
     from safetensors.torch import save_model
 
     if not accelerator.is_main_process:
         return
-    folder.mkdir(parents=True, exist_ok=True)
-    save_model(accelerator.unwrap_model(trained), str(folder / "draft.safetensors"))
-    torch.save(optimizer.state_dict(), folder / "optimizer.pt")
-    (folder / STATE_FILE).write_text(json.dumps(report.to_dict()))
+    name = f"step-{report.steps_done:08d}"
+    with cache.atomic_path(checkpoint / name) as folder:
+        folder.mkdir()
+        save_model(accelerator.unwrap_model(trained), str(folder / "draft.safetensors"))
+        torch.save(optimizer.state_dict(), folder / "optimizer.pt")
+        (folder / STATE_FILE).write_text(json.dumps(report.to_dict()))
+        cache.mark_ready(folder)
+    cache.write_text(checkpoint / LATEST, name)
+    for old in checkpoint.iterdir():
+        if old.name not in (name, LATEST):
+            cache.remove(old)  # older steps, partials of killed writes
+
+
+def _resumed(saved: Path, fresh: DistillReport, draft_model, optimizer) -> DistillReport:
+    """The checkpoint's report (weights and optimizer restored) after checking it belongs to this run."""
+    report = _load_checkpoint(saved, draft_model, optimizer)
+    for name in TRAINING_SETTINGS:
+        if report.config[name] != fresh.config[name]:
+            raise ValueError(f"cannot resume {saved.parent}: {name} was {report.config[name]!r} there, "
+                             f"{fresh.config[name]!r} now (use the same settings, or another run folder)")
+    if report.data != fresh.data:
+        raise ValueError(f"cannot resume {saved.parent}: the training data differ (other prompts, split, limit, "
+                         "continuation length or --on-policy)")
+    report.config = fresh.config  # this run's settings (steps may have grown)
+    return report
 
 
 def _load_checkpoint(folder: Path, draft_model, optimizer) -> DistillReport:

@@ -42,8 +42,7 @@ def probe(target, draft, prompts: list[Prompt], *, threshold: float = 0.5, sampl
     fallback=True measures self-speculation vs prompt lookup when alpha-hat is below the threshold,
     so the message names a concrete replacement draft.
     """
-    if not 0.0 <= threshold <= 1.0:
-        raise ValueError(f"threshold must be an acceptance rate in [0, 1], got {threshold}")
+    check_threshold(threshold)
     target_model, tokenizer = unwrap(target, tokenizer)
     chosen = sample_prompts(prompts, samples, seed)
     ids = [encode(p, tokenizer) for p in chosen]
@@ -59,6 +58,11 @@ def probe(target, draft, prompts: list[Prompt], *, threshold: float = 0.5, sampl
         report.fallback = recommend_fallback(target_model, ids, k=k, max_new_tokens=max_new_tokens)
     report.message = verdict(report)
     return report
+
+
+def check_threshold(threshold: float) -> None:
+    if not 0.0 <= threshold <= 1.0:
+        raise ValueError(f"threshold must be an acceptance rate in [0, 1], got {threshold}")
 
 
 def sample_prompts(prompts: list[Prompt], samples: int | None, seed: int) -> list[Prompt]:

@@ -2,8 +2,8 @@
 
 A point is "module.attribute" (that function is replaced by a pause), "half:module.attribute"
 (the function runs, its output file is cut to half its size, then the pause: a kill mid-write), or
-"pause" (the code calls `pause` itself). The pause touches a sentinel file and sleeps; the parent
-waits for the sentinel, then kills.
+"pause" (the code calls `pause` itself); a patched function pauses at its `call`-th call (the earlier
+ones run as usual). The pause touches a sentinel file and sleeps; the parent waits for it, then kills.
 """
 from __future__ import annotations
 
@@ -24,36 +24,40 @@ from pathlib import Path
 def pause(*args, **kwargs):
     Path(os.environ["FAULT_SENTINEL"]).touch()
     time.sleep(600)
-def half(original):
-    def written_then_cut(payload, filename, *args, **kwargs):
-        original(payload, filename, *args, **kwargs)
-        os.truncate(filename, os.path.getsize(filename) // 2)
-        pause()
-    return written_then_cut
+calls = [int(os.environ["FAULT_CALL"])]
+def at_call(original, cut):
+    def patched(*args, **kwargs):
+        calls[0] -= 1
+        if calls[0] > 0 or cut:
+            original(*args, **kwargs)
+        if calls[0] == 0:
+            if cut:  # args: (what, file name)
+                os.truncate(args[1], os.path.getsize(args[1]) // 2)
+            pause()
+    return patched
 point = os.environ["FAULT_POINT"]
 if point != "pause":
     module, _, name = point.removeprefix("half:").rpartition(".")
     module = importlib.import_module(module)
-    original = getattr(module, name)
-    setattr(module, name, half(original) if point.startswith("half:") else pause)
+    setattr(module, name, at_call(getattr(module, name), point.startswith("half:")))
 """
 
 
-def start(code: str, point: str = "pause", sentinel: Path | None = None) -> subprocess.Popen:
+def start(code: str, point: str = "pause", sentinel: Path | None = None, call: int = 1) -> subprocess.Popen:
     """A child running PRELUDE then `code` (stdout and stderr captured)."""
-    env = {**os.environ, "FAULT_POINT": point, "FAULT_SENTINEL": str(sentinel or "/dev/null"),
-           "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "FAULT_POINT": point, "FAULT_CALL": str(call), "PYTHONPATH": str(ROOT),
+           "FAULT_SENTINEL": str(sentinel or "/dev/null"), "OMP_NUM_THREADS": "1"}
     return subprocess.Popen([sys.executable, "-c", PRELUDE + code], env=env, cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def kill_at(code: str, point: str, waiter: str | None = None) -> subprocess.CompletedProcess | None:
-    """Run `code` until it reaches `point`, then SIGKILL it. With `waiter` (code), a second child is
-    started once the first is paused, given a second to block, and run to completion after the kill;
-    its CompletedProcess is returned."""
+def kill_at(code: str, point: str, waiter: str | None = None, call: int = 1) -> subprocess.CompletedProcess | None:
+    """Run `code` until it reaches `point` (its `call`-th call), then SIGKILL it. With `waiter` (code), a
+    second child is started once the first is paused, given a second to block, and run to completion
+    after the kill; its CompletedProcess is returned."""
     with TemporaryDirectory() as folder:
         sentinel = Path(folder) / "paused"
-        child = start(code, point, sentinel)
+        child = start(code, point, sentinel, call)
         _wait_for(sentinel, child)
         second = start(waiter) if waiter else None
         time.sleep(1.0 if waiter else 0)

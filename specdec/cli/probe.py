@@ -9,7 +9,7 @@ import json
 from dataclasses import asdict
 
 from ..models import add_model_arguments, load_draft, load_model
-from ..probe import probe
+from ..probe import check_threshold, probe, sample_prompts
 from ..suites import load_suite
 
 BELOW_THRESHOLD = 2  # exit code when the acceptance rate is under the threshold
@@ -32,10 +32,11 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    prompts = load_suite(args.prompts)
+    prompts = sample_prompts(load_suite(args.prompts), args.samples, args.seed)  # inputs first, then the models
+    check_threshold(args.threshold)
     target = load_model(args.target, dtype=args.dtype)
     draft = load_draft(args.draft, target, dtype=args.dtype)
-    report = probe(target, draft, prompts, threshold=args.threshold, samples=args.samples, k=args.k,
+    report = probe(target, draft, prompts, threshold=args.threshold, k=args.k,
                    max_new_tokens=args.max_new_tokens, seed=args.seed, fallback=not args.no_fallback)
     if args.json:
         print(json.dumps(asdict(report), ensure_ascii=False, indent=1))

@@ -78,7 +78,7 @@ def locked(final: Path) -> Iterator[None]:
     with open(lock, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)  # released on close, or by the kernel when the process dies
         for stale in final.parent.glob(f"{final.name}.partial-*"):
-            _remove(stale)
+            remove(stale)
         yield
 
 
@@ -86,20 +86,27 @@ def locked(final: Path) -> Iterator[None]:
 def atomic_path(final: Path) -> Iterator[Path]:
     """Yield a temporary sibling of `final` to write (file or folder); fsync and rename it to `final` on success.
 
-    The caller holds `locked(final)`. On an exception the temporary path is removed and `final` is
-    untouched; on success a previous `final` (one that failed its check) is replaced.
+    A caller racing other writers of `final` holds `locked(final)`. On an exception the temporary path
+    is removed and `final` is untouched; on success a previous `final` is replaced.
     """
     final.parent.mkdir(parents=True, exist_ok=True)
     partial = final.with_name(f"{final.name}.partial-{os.getpid()}-{threading.get_ident()}")
     try:
         yield partial
         _fsync(partial)
-        _remove(final)
+        if final.is_dir():  # a folder cannot be renamed over (a file is, atomically)
+            remove(final)
         os.replace(partial, final)
         _fsync(final.parent)
     except BaseException:
-        _remove(partial)
+        remove(partial)
         raise
+
+
+def write_text(path: Path, text: str) -> None:
+    """Replace `path` with `text` atomically (readers see the old or the new file, never a part)."""
+    with atomic_path(path) as partial:
+        partial.write_text(text, encoding="utf-8")
 
 
 def clean_stale() -> int:
@@ -108,7 +115,7 @@ def clean_stale() -> int:
     for stale in root().glob("**/*.partial-*"):
         pid = stale.name.rpartition(".partial-")[2].split("-")[0]
         if pid.isdigit() and not _alive(int(pid)):
-            _remove(stale)
+            remove(stale)
             removed += 1
     return removed
 
@@ -132,7 +139,8 @@ def _fsync(path: Path) -> None:
         os.close(descriptor)
 
 
-def _remove(path: Path) -> None:
+def remove(path: Path) -> None:
+    """Delete a file or a folder tree, if there."""
     if path.is_dir():
         shutil.rmtree(path, ignore_errors=True)
     elif path.exists():
