@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -158,7 +159,7 @@ def cached_examples(model, prompts: list[list[int]], cache_dir, *, max_new_token
     if path.exists():
         return load_examples(path)
     partial = path.with_suffix(".partial")  # one line per finished prompt: a killed run keeps its work
-    done = load_examples(partial) if partial.exists() else []
+    done = _whole_lines(partial) if partial.exists() else []
     partial.parent.mkdir(parents=True, exist_ok=True)
     with partial.open("a") as file:
         for i in range(len(done), len(prompts)):
@@ -169,6 +170,14 @@ def cached_examples(model, prompts: list[list[int]], cache_dir, *, max_new_token
             done.append(example)
     partial.rename(path)
     return done
+
+
+def _whole_lines(partial: Path) -> list[Example]:
+    """The examples of a partial cache file; a last line cut short by a kill is dropped from the file."""
+    data = partial.read_bytes()
+    whole = data[:data.rfind(b"\n") + 1]
+    os.truncate(partial, len(whole))
+    return [Example(**json.loads(line)) for line in whole.decode().splitlines() if line.strip()]
 
 
 def _fingerprint(model) -> list:

@@ -104,3 +104,16 @@ def test_a_mistyped_local_path_is_a_missing_folder_never_a_hub_id(tmp_path, monk
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     assert main(["probe", "--target", spec, "--draft", "lookup", "--prompts", "tiny"]) == 1
     assert "folder not found" in capsys.readouterr().err
+
+
+def test_a_continuation_line_cut_by_a_kill_is_generated_again(tmp_path):
+    from specdec.distill import cached_examples
+    from specdec.testing import tiny_model
+
+    target = tiny_model("llama", seed=0, vocab_size=48, hidden=32)
+    whole = cached_examples(target, [[3, 4], [5, 6]], tmp_path / "a", max_new_tokens=4)
+    (done,) = (tmp_path / "a").glob("*.jsonl")
+    partial = tmp_path / "b" / done.with_suffix(".partial").name
+    partial.parent.mkdir()
+    partial.write_text(done.read_text().splitlines()[0] + "\n" + done.read_text()[:7])  # second line half-written
+    assert cached_examples(target, [[3, 4], [5, 6]], tmp_path / "b", max_new_tokens=4) == whole
