@@ -24,7 +24,7 @@ ONE_ROUND = [
     new_markdown_cell("""\
 # One round of speculative decoding, by hand
 
-Seed 003 walks through speculative decoding with Qwen1.5 0.5B as draft and 1.8B as target, k=3:
+Take a classic pair, Qwen1.5 0.5B as draft and 1.8B as target, and k=3:
 the draft proposes 3 tokens, the target reads them all in **one** forward, the tokens are kept
 while they equal the target's own top-1 choice, and the target's token replaces the first
 mismatch (or is a free *bonus* token when all 3 match). Here we do exactly that with tiny
@@ -83,7 +83,7 @@ assert r.draft_token_ids == draft_tokens and r.matches == matches
 assert r.num_accepted == accepted and r.target_token_id == target_token and r.emitted_token_ids == emitted
 print("identical to the round by hand")"""),
     new_markdown_cell("""\
-## Ten rounds, as seed 003's table
+## Ten rounds, as the round table
 
 Columns: match flags, accepted count, the target's token (correction or bonus), the tokens the
 round produced, the output so far. And the check that makes it all worth it: greedy speculative

@@ -9,7 +9,8 @@ and only the tokens after it are fed. So after a verification that accepted n of
 the positions of the k - n rejected drafts are simply dropped (cropped) at the next sync,
 and a draft that proposed all k tokens catches up on the last one (plus the target's bonus
 token) in one forward. Nothing is ever recomputed from the start: each model is fed
-O(prompt + new tokens + k * rounds) tokens over a generation (see tests/test_kv.py).
+O(prompt + new tokens + k * rounds) tokens over a generation (tested in tests/test_engine.py,
+test_each_model_is_fed_a_linear_number_of_tokens).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The acceptance probe: is this draft still worth running with this target?
 
-Seed 000's rule for production: after every target update (new version, LoRA merge), sample
+A rule for production: after every target update (new version, LoRA merge), sample
 live prompts and measure the draft's acceptance rate; below the 50% warning line the draft and
 the target have drifted apart, so roll back to self-speculation (or the target alone) and start
 distilling the draft again. `probe` measures alpha-hat on a sample of prompts and, below the
@@ -75,13 +75,13 @@ def sample_prompts(prompts: list[Prompt], samples: int | None, seed: int) -> lis
 
 
 def verdict(report: ProbeReport) -> str:
-    """The probe's message: pass, or below the line with seed 000's recommendation."""
+    """The probe's message: pass, or below the line with the recommendation."""
     measured = (f"acceptance rate α̂ = {report.acceptance_rate:.3f} over {report.prompts} prompts "
                 f"(k={report.k}, {report.accepted_tokens} accepted, {report.rejections} rejections)")
     if report.passed:
         return f"OK: {measured} >= threshold {report.threshold:.2f}"
     lines = [f"BELOW THRESHOLD: {measured} < {report.threshold:.2f}.",
-             "The draft no longer predicts this target well (seed 000: below the warning line the draft and "
+             "The draft no longer predicts this target well (below the warning line the draft and "
              "target have drifted apart, and speculation costs more than it saves).",
              "Recommendation: stop using this draft; fall back to self-speculation or prompt lookup "
              "(or the target alone), and retrain/distil the draft towards the current target on its own "

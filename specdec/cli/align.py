@@ -13,7 +13,7 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, help="folder for the aligned draft (safetensors + target tokenizer)")
     p.add_argument("--method", choices=("string", "index"), default="string",
                    help="string: copy rows by token string, new tokens = mean of their pieces (default); "
-                        "index: seed 000's copy of the first rows by number, noise for the rest")
+                        "index: the naive copy of the first rows by number, noise for the rest")
     p.set_defaults(func=run)
 
 

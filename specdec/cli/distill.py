@@ -53,7 +53,7 @@ def add_distill_arguments(p) -> None:
     p.add_argument("--max-new-tokens", type=int, default=48, help="target continuation length per prompt")
     p.add_argument("--on-policy", action="store_true", help="also train on the draft's own continuations")
     p.add_argument("--eval-every", type=int, default=defaults.eval_every)
-    p.add_argument("--threads", type=int, help="torch CPU threads (1 is faster on a busy 2-core machine)")
+    p.add_argument("--threads", type=int, help="torch CPU threads (1 can be faster when other processes share few cores)")
     p.add_argument("--checkpoint-every", type=int, default=defaults.checkpoint_every)
     p.add_argument("--eval-k", type=int, default=defaults.eval_k)
     p.add_argument("--eval-max-new-tokens", type=int, default=defaults.eval_max_new_tokens)

@@ -1,13 +1,15 @@
-"""`python -m specdec experiment align-distill`: seed 000's table, at small scale, on this machine.
+"""`python -m specdec experiment align-distill`: a domain-shift experiment, at small scale, on this machine:
+does a draft with another tokenizer collapse, and do alignment and distillation bring it back?
 
 Drafts for one target, measured on held-out domain prompts that training never sees:
   (a) the same-family draft (shares the target's tokenizer);
   (b) a draft of another family, its ids fed naively across vocabularies;
   (c) the same draft through the text bridge;
-  (d) the same draft transplanted onto the target's tokenizer (by token string; d' by index, seed 000's way);
+  (d) the same draft transplanted onto the target's tokenizer (by token string; d' by index, the naive way);
   (e) (d) distilled on the target's own continuations of domain prompts.
 Table: draft | tokenizer | α̂ | mean accepted length | ms per token | speedup vs the target alone, all measured
-in one run (part "measure"); part "distill" trains (e) and is resumable. Run each part under the heavy lock.
+in one run (part "measure"); part "distill" trains (e) and is resumable. Each part is heavy: run it
+when nothing else is timing on the machine.
 """
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ PARTS = ("distill", "measure", "all")
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("experiment", help="reproducible experiments (align-distill: seed 000's table)")
+    p = subparsers.add_parser("experiment", help="reproducible experiments (align-distill: a draft "
+                                                    "with another tokenizer, naive vs aligned vs distilled)")
     experiments = p.add_subparsers(dest="experiment", required=True)
     e = experiments.add_parser("align-distill", help="aligned vs unaligned vs distilled drafts on held-out prompts")
     e.add_argument("--target", default=default_name("target"), help="target model (default: the catalogue's)")
@@ -38,7 +41,7 @@ def register(subparsers) -> None:
     e.add_argument("--same-draft", default=default_name("draft"), help="draft of the target's family (row a)")
     e.add_argument("--other-draft", default="smollm2-135m-instruct", help="draft of another family (rows b-e)")
     e.add_argument("--part", choices=PARTS, default="all", help="distill (train e), measure (the table), or all")
-    e.add_argument("--k", type=int, default=5, help="draft tokens per round (seed 000: 5)")
+    e.add_argument("--k", type=int, default=5, help="draft tokens per round")
     e.add_argument("--measure-max-new-tokens", type=int, default=48, help="tokens generated per held-out prompt")
     add_distill_arguments(e)
     e.add_argument("--out", default="runs/align-distill", help="run folder (reused to resume)")

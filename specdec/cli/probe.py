@@ -1,6 +1,6 @@
 """`python -m specdec probe`: is the draft still good enough for this target? Exit 0 yes, 2 no.
 
-Meant as a scheduled job after a target update: exit code 2 (below --threshold) prints seed 000's
+Meant as a scheduled job after a target update: exit code 2 (below --threshold) prints a
 recommendation and the measured draft-free fallback; exit code 1 is bad input.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ def register(subparsers) -> None:
     add_model_arguments(p)
     p.add_argument("--draft", required=True, help="draft model spec, 'lookup' or 'self:L'")
     p.add_argument("--prompts", default="all", help="suite name, .jsonl file, or text file (one prompt per line)")
-    p.add_argument("--threshold", type=float, default=0.5, help="minimum acceptance rate α̂ (seed 000: 0.5)")
+    p.add_argument("--threshold", type=float, default=0.5, help="minimum acceptance rate α̂ (default 0.5: below it the draft has drifted from the target)")
     p.add_argument("--samples", type=int, default=16, help="prompts sampled from --prompts")
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=32)

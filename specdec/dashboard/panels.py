@@ -11,7 +11,7 @@ from specdec import DecodeStats, GenerationResult
 from specdec.report import STAT_LINES, round_rows
 from specdec.trace import measured_speedup
 
-TABLE_COLUMNS = ("round", "matches", "accepted", "target token", "kind", "produced")  # seed 003's table
+TABLE_COLUMNS = ("round", "matches", "accepted", "target token", "kind", "produced")  # the round table
 MEASURED_SPEEDUP_HELP = (
     "measured speedup = tokens/s of this speculative run ÷ tokens/s of the target alone, run right after it "
     "on the same prompt with the same settings and the same number of new tokens (wall time, prefill included)")
@@ -33,7 +33,7 @@ def definitions() -> dict[str, str]:
 
 
 def round_table(result: GenerationResult, tokenizer) -> pd.DataFrame:
-    """specdec.report.round_rows as a DataFrame (seed 003's columns; the chips show the running text)."""
+    """specdec.report.round_rows as a DataFrame (the round table; the chips show the running text)."""
     rows = round_rows(result, tokenizer)
     return pd.DataFrame(rows, columns=list(rows[0]) if rows else list(TABLE_COLUMNS))[list(TABLE_COLUMNS)]
 
