@@ -25,6 +25,11 @@ PRIOR_ROUNDS = 1.0  # pseudo-rounds at the pooled acceptance rate added to every
 PROBE_AFTER = 8  # rounds of k = 0 before one probe with k = 1
 
 
+def mean_draft_length(rounds: list[Round]) -> int:
+    """The k of the stats of a k="auto" run: the mean draft length per round, rounded."""
+    return round(sum(len(r.draft_token_ids) for r in rounds) / max(len(rounds), 1))
+
+
 class FixedK:
     def __init__(self, k: int):
         self.k = self.k_max = k
@@ -68,8 +73,7 @@ class AdaptiveK:
         return [(a + PRIOR_ROUNDS * pooled) / (r + PRIOR_ROUNDS) for a, r in zip(self.accepted, self.reached)]
 
     def reported_k(self, rounds: list[Round]) -> int:
-        """The k of the stats: the mean draft length per round, rounded."""
-        return round(sum(len(r.draft_token_ids) for r in rounds) / max(len(rounds), 1))
+        return mean_draft_length(rounds)
 
     def observe(self, round_: Round) -> None:
         self.observed += 1

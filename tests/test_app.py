@@ -1,10 +1,12 @@
 """Dashboard handlers on tiny in-code models (no browser, no downloads)."""
 from __future__ import annotations
 
+import html
+
 import gradio as gr
 import pytest
 
-from specdec import DecodeStats, Round, autoregressive_generate
+from specdec import DecodeStats, Round, autoregressive_generate, theory
 from specdec.models import ModelPool, load_model
 from specdec.report import STAT_LINES
 from specdec.dashboard import figures, handlers
@@ -58,8 +60,9 @@ def test_config_from_env_reads_every_variable_and_names_bad_ones():
 
 @pytest.mark.parametrize("change, message", [
     (dict(prompt="  "), "empty prompt"),
-    (dict(k=11), "k must be an integer in 1..10"),
-    (dict(k=0), "k must be an integer in 1..10"),
+    (dict(k=11), "k must be 'auto' or an integer in 1..10"),
+    (dict(k=0), "k must be 'auto' or an integer in 1..10"),
+    (dict(k="often"), "k must be an integer"),
     (dict(max_new_tokens=65), "max new tokens must be an integer in 1..64"),
     (dict(k=2.5), "k must be an integer"),
 ])
@@ -90,11 +93,12 @@ def test_live_decode_streams_rounds_and_greedy_equals_target_alone(hub, paths):
     alone = autoregressive_generate(target, PROMPT, max_new_tokens=24)
     assert result["token_ids"] == alone.token_ids
     assert len(final.table) == len(result["rounds"])
-    assert list(final.table.columns) == ["round", "matches", "accepted", "target token", "kind", "produced"]
+    assert list(final.table.columns) == ["round", "k", "drafted by", "matches", "accepted", "target token", "kind",
+                                         "produced"]
     assert 'class="chip chip-accepted"' in final.chips or 'class="chip chip-rejected"' in final.chips
     assert "measured speedup" in final.stats and "tokens/s, target alone" in final.stats
     for _, label, _ in STAT_LINES:
-        assert label.replace("<", "&lt;") in final.stats
+        assert html.escape(label) in final.stats
 
 
 def test_stop_ends_the_run_after_the_current_round_and_only_for_its_session(hub, paths):
@@ -135,11 +139,15 @@ def test_compare_runs_each_draft_and_reports_the_one_that_cannot(hub, paths):
 
 def test_k_sweep_measures_each_k_and_pools_alpha(hub, paths):
     updates = list(handlers.k_sweep(hub, paths["target"], paths["draft"], "auto", PROMPT, 12, 3, progress=Progress()))
-    figure, alpha, c, table, points, status = updates[-1]
-    assert [k for k, _ in points] == [1, 2, 3] and status == "done"
-    assert list(table["k"]) == [1, 2, 3]
-    assert 0 <= alpha <= 1 and c > 0
-    assert any(trace.name == "measured speedup" for trace in figure.data)
+    figure, alpha, c, slope, table, sweep, status = updates[-1]
+    assert [k for k, _ in sweep["points"]] == [1, 2, 3] and status == "done"
+    assert list(table["k"]) == [1, 2, 3] and sweep["verify"][0] == 1.0
+    assert 0 <= alpha <= 1 and c > 0 and slope == pytest.approx(handlers.verify_slope(hub.costs(*hub.pair(
+        paths["target"], paths["draft"]))), abs=1e-3)
+    names = [trace.name for trace in figure.data]
+    assert "measured speedup" in names and "v(k+1) measured" in names
+    predicted = next(t for t in figure.data if t.name.startswith("predicted"))
+    assert list(table["predicted"])[0] > 0 and len(predicted.y) == 3
 
 
 def synthetic_rounds() -> list[Round]:
@@ -166,6 +174,9 @@ def test_figures_plot_the_engine_statistics():
     assert list(figures.per_position_acceptance(stats).data[0].y) == stats.per_position_acceptance
     curves = figures.speedup_curves(0.8, 0.0, 10, [(5, 2.0)])
     assert curves.data[0].y[4] == pytest.approx(3.69, abs=0.01)  # Leviathan et al. Table 1: α=0.8, k=5
+    priced = figures.speedup_curves(0.8, 0.1, 10, [], slope=0.25)
+    predicted = next(t for t in priced.data if t.name.startswith("predicted"))
+    assert predicted.y[3] == pytest.approx(theory.predicted_speedup(0.8, 4, 0.1, 1 + 0.25 * 4))
 
 
 def test_every_stat_has_a_hover_definition():

@@ -20,7 +20,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-K_RANGE = (1, 10)  # draft tokens per round offered by the dashboard
+from specdec.limits import K_UI_MAX
+
+K_RANGE = (1, K_UI_MAX)  # draft tokens per round offered by the dashboard (specdec.limits)
 MODEL_DRAFTERS = ("lookup", "self:4", "self:8", "self:14")  # need no second model: prompt lookup, first L target layers
 DTYPES = ("float32", "bfloat16")
 

@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 
 from specdec import DecodeStats, Round, theory
 
-COLOURS = ("#2b7bba", "#e07b39", "#3c9a5f", "#9b59b6")
+COLOURS = ("#2b7bba", "#e07b39", "#3c9a5f", "#9b59b6", "#c0392b", "#7f8c8d", "#b7950b")
 
 
 @dataclass
@@ -64,19 +64,29 @@ def per_position_acceptance(stats: DecodeStats) -> go.Figure:
                   [Series("acceptance", positions, stats.per_position_acceptance, kind="bar")], y_range=(0, 1.05))
 
 
-def speedup_curves(alpha: float, c: float, k_max: int, measured: list[tuple[int, float]]) -> go.Figure:
-    """Theory over k for α and c, the measured (k, speedup) points, and the optimal k marked."""
+def speedup_curves(alpha: float, c: float, k_max: int, measured: list[tuple[int, float]], slope: float = 0.0,
+                   measured_v: list[float] | None = None) -> go.Figure:
+    """Theory over k for α, c and v(n) = 1 + slope·(n-1); measured speedups and measured v(k+1) as points.
+
+    Three curves: tokens per target forward (Eq. 1), Leviathan's bound (verification = 1 step) and the
+    prediction that prices verification at v(k+1) steps; the optimal k is the prediction's argmax.
+    """
     ks = list(range(1, k_max + 1))
-    best = theory.optimal_k(alpha, c, k_max)
-    best_value = theory.walltime_speedup(alpha, best, c)
+    v = [1.0 + slope * k for k in ks]  # v(k+1)
+    predicted = [theory.predicted_speedup(alpha, k, c, v_k) for k, v_k in zip(ks, v)]
+    best = max(ks, key=lambda k: (predicted[k - 1], -k))
     series = [
         Series("(1−α^(k+1))/(1−α)  tokens per target forward", ks,
                [theory.expected_tokens_per_step(alpha, k) for k in ks]),
-        Series("cost-aware bound (1−α^(k+1))/((1−α)(kc+1))", ks,
+        Series("Leviathan bound (1−α^(k+1))/((1−α)(kc+1)), verification = 1 step", ks,
                [theory.walltime_speedup(alpha, k, c) for k in ks]),
-        Series(f"optimal k = {best}", [best], [best_value], kind="markers", text=[f"k*={best}"]),
+        Series("predicted (1−α^(k+1))/((1−α)(v(k+1)+kc))", ks, predicted),
+        Series(f"optimal k = {best}", [best], [predicted[best - 1]], kind="markers", text=[f"k*={best}"]),
+        Series("v(k+1) = 1 + slope·k, in target steps", ks, v),
     ]
+    if measured_v:
+        series.append(Series("v(k+1) measured", ks[:len(measured_v) - 1], measured_v[1:k_max + 1], kind="markers"))
     if measured:
         series.append(Series("measured speedup", [k for k, _ in measured], [s for _, s in measured], kind="markers"))
-    return figure(f"theory vs measurement (α = {alpha:.2f}, c = {c:.2f})", "k (draft tokens per round)",
-                  "speedup over the target alone", series)
+    return figure(f"theory vs measurement (α = {alpha:.2f}, c = {c:.2f}, v slope = {slope:.2f})",
+                  "k (draft tokens per round)", "speedup over the target alone / target steps", series)

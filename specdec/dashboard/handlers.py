@@ -15,6 +15,8 @@ import pandas as pd
 
 from specdec import GenerationResult, autoregressive_generate, speculative_generate
 from specdec.report import STAT_LINES, baseline_lines
+from specdec.costs import CostModel
+from specdec.limits import K_AUTO_MAX
 from specdec.trace import measured_speedup
 
 from . import figures
@@ -22,7 +24,7 @@ from .chips import chips_html
 from .config import PROMPTS
 from .hub import ModelHub
 from .panels import round_table, stats_html
-from .runs import DecodeRequest, RunControl, partial_result, stream
+from .runs import AUTO, DecodeRequest, RunControl, partial_result, stream
 
 SWEEP_KS = (1, 2, 3, 4, 6, 8, 10)  # k values of the theory tab's sweep
 
@@ -71,37 +73,51 @@ def stop(control: RunControl) -> str:
 @user_errors
 def live_decode(hub: ModelHub, target, draft, bridge, prompt, k, max_new_tokens, sampling, temperature, top_p, seed,
                 measure_baseline, control: RunControl, progress=gr.Progress()):
-    """Stream a speculative decode round by round, then (optionally) the target-alone baseline."""
+    """Stream a speculative decode round by round, then (optionally) the target-alone baseline.
+
+    While the decode runs only the chips and the status line are redrawn (cheap), so rendering takes
+    as little CPU from the decode as possible; figures, table and stats are drawn once it is done.
+    The engine times itself and leaves its callback's time out, so page updates never enter the figures.
+    """
     request = DecodeRequest.from_inputs(target, draft, prompt, k, max_new_tokens,
                                         temperature if sampling else 0.0, top_p, seed).checked(hub.config)
     token = control.start()
     target_model, draft_model = hub.pair(request.target, request.draft, bridge, progress=progress)
+    costs = hub.costs(target_model, draft_model, progress=progress)
     tokenizer = target_model.tokenizer
     result = None
-    for update in stream(lambda on_round: _speculate(target_model, draft_model, request, on_round), token):
-        result = update if isinstance(update, GenerationResult) else partial_result(update, request.k)
-        yield live_view(result, tokenizer, request, f"decoding… {len(result.rounds)} rounds, "
-                                                    f"{len(result.token_ids)} tokens")
+    for update in stream(lambda on_round: _speculate(target_model, draft_model, request, on_round, costs), token):
+        if isinstance(update, GenerationResult):
+            result = update
+            break
+        partial = partial_result(update, request.k, costs)
+        yield live_view(partial, tokenizer, request, f"decoding… {len(partial.rounds)} rounds, "
+                                                     f"{len(partial.token_ids)} tokens", light=True)
     if result.stopped_early or not measure_baseline:
         note = "stopped by you" if result.stopped_early else "done"
         yield live_view(result, tokenizer, request, f"{note}: {len(result.token_ids)} tokens in {len(result.rounds)} "
                                                     f"rounds, {result.stats.wall_time_s:.2f} s")
         return
-    yield live_view(result, tokenizer, request, "measuring the target alone on the same prompt and length…")
+    yield live_view(result, tokenizer, request, "measuring the target alone on the same prompt and length…",
+                    light=True)
     baseline = _baseline(target_model, request, len(result.token_ids))
-    summary = "; ".join(baseline_lines(result, baseline, greedy=request.temperature == 0))
+    summary = "; ".join(baseline_lines(result, baseline, request.temperature == 0, target_model.dtype, tokenizer))
     yield live_view(result, tokenizer, request, f"done: {len(result.token_ids)} tokens in {len(result.rounds)} "
                                                 f"rounds; {summary}", baseline)
 
 
 def live_view(result: GenerationResult, tokenizer, request: DecodeRequest, status: str,
-              baseline: GenerationResult | None = None) -> LiveView:
-    """Everything the live tab shows for `result` (complete or partial)."""
+              baseline: GenerationResult | None = None, light: bool = False) -> LiveView:
+    """Everything the live tab shows for `result` (complete or partial); `light`: chips and status only."""
+    if light:
+        skip = gr.skip()
+        return LiveView(chips_html(result.rounds, tokenizer, request.prompt), skip, skip, skip, skip, skip, status)
+    span = _k_span(request)
     return LiveView(
         chips=chips_html(result.rounds, tokenizer, request.prompt),
         table=round_table(result, tokenizer),
-        acceptance=figures.running_acceptance(result.rounds, request.k),
-        histogram=figures.accepted_length_histogram(result.rounds, request.k),
+        acceptance=figures.running_acceptance(result.rounds, span),
+        histogram=figures.accepted_length_histogram(result.rounds, span),
         positions=figures.per_position_acceptance(result.stats),
         stats=stats_html(result.stats, baseline.stats if baseline else None),
         status=status,
@@ -114,7 +130,7 @@ def speculate(hub: ModelHub, target, draft, prompt, k, max_new_tokens, temperatu
     request = DecodeRequest.from_inputs(target, draft, prompt, k, max_new_tokens, temperature, 1.0,
                                         seed).checked(hub.config)
     target_model, draft_model = hub.pair(request.target, request.draft)
-    return _speculate(target_model, draft_model, request).to_dict()
+    return _speculate(target_model, draft_model, request, costs=hub.costs(target_model, draft_model)).to_dict()
 
 
 @user_errors
@@ -137,7 +153,8 @@ def compare(hub: ModelHub, target, prompt, k, max_new_tokens, *drafts_and_bridge
         yield (*panels, None, None, f"decoding with draft {i + 1}: {name} ({bridge})…")
         try:
             draft = hub.draft(name, target_model, bridge=bridge)
-            result = _speculate(target_model, draft, DecodeRequest(**{**request.__dict__, "draft": name}))
+            result = _speculate(target_model, draft, DecodeRequest(**{**request.__dict__, "draft": name}),
+                                costs=hub.costs(target_model, draft))
         except ValueError as error:  # one draft that cannot run says why; the others still run
             panels[i] = f'<div class="compare-error">⚠ {name} ({bridge}): {error}</div>'
             continue
@@ -170,39 +187,56 @@ def comparison_chart(results: dict[str, GenerationResult], baseline: GenerationR
     return figures.figure("aligned vs unaligned drafts", "", "value", series)
 
 
-def theory_figure(alpha, c, k_max, sweep: list | None):
-    """The theory tab's chart for slider values α, c and the last sweep's measured points."""
-    return figures.speedup_curves(float(alpha), float(c), int(k_max), [(k, s) for k, s in sweep or []])
+def theory_figure(alpha, c, slope, k_max, sweep: dict | None):
+    """The theory tab's chart for slider values α, c, v slope and the last sweep's measurements."""
+    sweep = sweep or {}
+    return figures.speedup_curves(float(alpha), float(c), int(k_max), [tuple(p) for p in sweep.get("points", [])],
+                                  float(slope), sweep.get("verify"))
+
+
+def verify_slope(costs: CostModel) -> float:
+    """Least-squares slope of v(n) - 1 against n - 1 (a line through v(1) = 1)."""
+    pairs = [(n, v - 1.0) for n, v in enumerate(costs.target.verify)]  # n = tokens beyond the first
+    return sum(n * dv for n, dv in pairs) / max(sum(n * n for n, _ in pairs), 1)
 
 
 @user_errors
 def k_sweep(hub: ModelHub, target, draft, bridge, prompt, max_new_tokens, k_max, progress=gr.Progress()):
-    """Measure speedup at several k on one pair and prompt; yield (figure, α, c, table, sweep points, status).
+    """Measure speedup at several k on one pair and prompt; yield (figure, α, c, v slope, table, sweep, status).
 
-    α and c are pooled over all rounds of the sweep (DecodeStats.from_rounds on the union).
+    α and c are pooled over all rounds of the sweep; v(n) is the pair's calibration (`specdec.costs`).
     """
     ks = [k for k in SWEEP_KS if k <= int(k_max)]
     request = DecodeRequest.from_inputs(target, draft, prompt, ks[-1], max_new_tokens).checked(hub.config)
     target_model, draft_model = hub.pair(request.target, request.draft, bridge, progress=progress)
+    costs = hub.costs(target_model, draft_model, progress=progress)
+    slope = round(verify_slope(costs), 3)
     baseline = _baseline(target_model, request, request.max_new_tokens)
-    points, rows, rounds = [], [], []
+    sweep, rows, rounds = {"points": [], "verify": costs.target.verify}, [], []
     for k in ks:
-        result = _speculate(target_model, draft_model, DecodeRequest(**{**request.__dict__, "k": k}))
+        result = _speculate(target_model, draft_model, DecodeRequest(**{**request.__dict__, "k": k}), costs=costs)
         rounds.extend(result.rounds)
-        points.append((k, measured_speedup(result.stats, baseline.stats)))
+        sweep["points"].append((k, measured_speedup(result.stats, baseline.stats)))
         rows.append({"k": k, "α̂": round(result.stats.acceptance_rate, 3), "c": round(result.stats.cost_ratio, 3),
-                     "tokens/s": round(result.stats.tokens_per_s, 2), "measured speedup": round(points[-1][1], 2),
-                     "cost-aware bound": round(result.stats.expected_walltime_speedup, 2)})
-        pooled = partial_result(rounds, max(ks)).stats
-        alpha, c = round(pooled.acceptance_rate, 3), round(pooled.cost_ratio, 3)
-        status = "done" if k == ks[-1] else f"measured k = {k} ({len(points)}/{len(ks)})…"
-        yield theory_figure(alpha, c, k_max, points), alpha, c, pd.DataFrame(rows), points, status
+                     "v(k+1)": round(costs.v(k + 1), 2), "tokens/s": round(result.stats.tokens_per_s, 2),
+                     "measured speedup": round(sweep["points"][-1][1], 2),
+                     "predicted": round(result.stats.predicted_speedup, 2),
+                     "Leviathan bound": round(result.stats.expected_walltime_speedup, 2)})
+        pooled = partial_result(rounds, max(ks), costs).stats
+        alpha, c = round(pooled.acceptance_rate, 3), round(costs.draft_cost, 3)
+        status = "done" if k == ks[-1] else f"measured k = {k} ({len(sweep['points'])}/{len(ks)})…"
+        yield theory_figure(alpha, c, slope, k_max, sweep), alpha, c, slope, pd.DataFrame(rows), sweep, status
 
 
-def _speculate(target_model, draft_model, request: DecodeRequest, on_round=None) -> GenerationResult:
+def _speculate(target_model, draft_model, request: DecodeRequest, on_round=None, costs=None) -> GenerationResult:
     return speculative_generate(target_model, draft_model, request.prompt, k=request.k,
                                 max_new_tokens=request.max_new_tokens, temperature=request.temperature,
-                                top_p=request.top_p, seed=request.seed, on_round=on_round)
+                                top_p=request.top_p, seed=request.seed, on_round=on_round, costs=costs)
+
+
+def _k_span(request: DecodeRequest) -> int:
+    """Draft positions the charts show: k, or the controller's largest k for "auto"."""
+    return K_AUTO_MAX if request.k == AUTO else request.k
 
 
 def _baseline(target_model, request: DecodeRequest, new_tokens: int) -> GenerationResult:

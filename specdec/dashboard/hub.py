@@ -7,6 +7,7 @@ reports loading progress.
 from __future__ import annotations
 
 from specdec import models
+from specdec.costs import CostModel, calibrate
 from specdec.drafters import HYBRID_SUFFIX
 
 from .config import MODEL_DRAFTERS, AppConfig
@@ -88,6 +89,13 @@ class ModelHub:
             progress(0.5, desc=f"loading draft {name}…")
         return self.pool.draft(name, target, dtype=self.config.dtype, bridge=BRIDGES[bridge],
                                progress=_stages(progress))
+
+    def costs(self, target, draft, progress=None) -> CostModel:
+        """The pair's calibrated costs (v(n), c): measured once per machine and cached on disk."""
+        if progress is not None:
+            progress(0.9, desc="measuring what verification and drafting cost on this machine "
+                               "(once per model pair, about (k+2)·3 target forwards)…")
+        return calibrate(target, draft)
 
     def pair(self, target_name: str, draft_name: str, bridge: str = "auto", progress=None):
         """(target, draft) ready for specdec.speculative_generate."""

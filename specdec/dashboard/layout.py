@@ -5,7 +5,7 @@ from functools import partial
 
 import gradio as gr
 
-from specdec.engine import K_MAX
+from specdec.limits import K_UI_MAX
 
 from . import handlers
 from .chips import CSS as CHIPS_CSS
@@ -15,6 +15,8 @@ from .handlers import SWEEP_KS
 from .hub import BRIDGES, ModelHub
 from .panels import CSS as PANELS_CSS
 from .runs import RunControl
+
+K_CHOICES = ["auto", *range(K_RANGE[0], K_RANGE[1] + 1)]  # the k dropdowns' options
 
 CSS = CHIPS_CSS + PANELS_CSS + ".compare-error { color: #8a1c12; }\n"
 INTRO = """# specdec — watch speculative decoding, round by round
@@ -45,7 +47,7 @@ def build_demo(config: AppConfig, hub: ModelHub | None = None) -> gr.Blocks:
 
     with gr.Blocks(title="specdec — speculative decoding lab") as demo:
         control = gr.State(RunControl)  # per browser session: the Stop button's handle on its own decode
-        sweep_points = gr.State(list)  # per session: the theory tab's measured (k, speedup) points
+        sweep_points = gr.State(dict)  # per session: the theory tab's last sweep (points, measured v(n))
         gr.Markdown(INTRO)
         with gr.Tabs():
             with gr.Tab("Live decode", id="live"):
@@ -59,7 +61,9 @@ def build_demo(config: AppConfig, hub: ModelHub | None = None) -> gr.Blocks:
                                           info="auto: through the text bridge when the tokenizers differ")
                         preset = gr.Dropdown(list(PROMPTS), value=next(iter(PROMPTS)), label="prompt preset")
                         prompt = gr.Textbox(next(iter(PROMPTS.values())), label="prompt", lines=4, elem_id="prompt")
-                        k = gr.Slider(*K_RANGE, value=4, step=1, label="k: draft tokens per round")
+                        k = gr.Dropdown(K_CHOICES, value="auto", label="k: draft tokens per round",
+                                        info="auto: chosen each round (0 = a plain target step) from the measured "
+                                             "acceptance and what verification costs on this machine")
                         max_new = gr.Slider(1, config.max_new_tokens_cap, value=min(48, config.max_new_tokens_cap),
                                             step=1, label="max new tokens")
                         sampling = gr.Radio([("greedy", False), ("sampling", True)], value=False, label="decoding")
@@ -92,7 +96,7 @@ def build_demo(config: AppConfig, hub: ModelHub | None = None) -> gr.Blocks:
                 with gr.Row():
                     compare_target = model_box(hub.choices("target"), value=hub.default("target"), label="target")
                     compare_prompt = gr.Textbox(next(iter(PROMPTS.values())), label="prompt", lines=2)
-                    compare_k = gr.Slider(*K_RANGE, value=4, step=1, label="k")
+                    compare_k = gr.Dropdown(K_CHOICES, value="auto", label="k")
                     compare_new = gr.Slider(1, config.max_new_tokens_cap, value=min(32, config.max_new_tokens_cap),
                                             step=1, label="max new tokens")
                 compare_inputs, compare_panels = [], []
@@ -112,14 +116,17 @@ def build_demo(config: AppConfig, hub: ModelHub | None = None) -> gr.Blocks:
                 with gr.Row():
                     with gr.Column(scale=1, min_width=300):
                         alpha = gr.Slider(0.0, 1.0, value=0.7, step=0.01, label="α (acceptance rate)")
-                        cost = gr.Slider(0.0, 1.0, value=0.3, step=0.01, label="c (draft/target forward cost)")
-                        k_max = gr.Slider(2, K_MAX, value=10, step=1, label="largest k shown (and swept)",
+                        cost = gr.Slider(0.0, 1.0, value=0.3, step=0.01, label="c (one draft step / one target step)")
+                        slope = gr.Slider(0.0, 1.0, value=0.0, step=0.01, elem_id="v-slope",
+                                          label="verification cost per extra token: v(k+1) = 1 + slope·k",
+                                          info="0 = Leviathan's assumption; a sweep sets the measured slope")
+                        k_max = gr.Slider(2, K_UI_MAX, value=K_UI_MAX, step=1, label="largest k shown (and swept)",
                                           elem_id="k-max")
                         sweep_run = gr.Button(f"Measure a k sweep (k in {', '.join(map(str, SWEEP_KS))}, up to the "
                                               "largest k) with the live tab's pair and prompt", elem_id="sweep-run")
                         gr.Markdown(THEORY_MD, latex_delimiters=[{"left": "$", "right": "$", "display": False}])
                     with gr.Column(scale=2):
-                        theory_plot = gr.Plot(handlers.theory_figure(0.7, 0.3, 10, []), elem_id="theory-plot")
+                        theory_plot = gr.Plot(handlers.theory_figure(0.7, 0.3, 0.0, K_UI_MAX, {}), elem_id="theory-plot")
                         sweep_status = gr.Markdown(elem_id="sweep-status")
                         sweep_table = gr.DataFrame(label="k sweep", elem_id="sweep-table")
 
@@ -134,11 +141,11 @@ def build_demo(config: AppConfig, hub: ModelHub | None = None) -> gr.Blocks:
                           [compare_target, compare_prompt, compare_k, compare_new, *compare_inputs],
                           [*compare_panels, compare_table, compare_chart, compare_status],
                           api_visibility="private", concurrency_id="decode")
-        for slider in (alpha, cost, k_max):
-            slider.change(handlers.theory_figure, [alpha, cost, k_max, sweep_points], theory_plot,
+        for slider in (alpha, cost, slope, k_max):
+            slider.change(handlers.theory_figure, [alpha, cost, slope, k_max, sweep_points], theory_plot,
                           api_visibility="private", concurrency_limit=None)
         sweep_run.click(partial(handlers.k_sweep, hub), [target, draft, bridge, prompt, max_new, k_max],
-                        [theory_plot, alpha, cost, sweep_table, sweep_points, sweep_status],
+                        [theory_plot, alpha, cost, slope, sweep_table, sweep_points, sweep_status],
                         api_visibility="private", concurrency_id="decode")
 
         def speculate(target: str, draft: str, prompt: str, k: int, max_new_tokens: int, temperature: float,

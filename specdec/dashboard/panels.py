@@ -11,7 +11,7 @@ from specdec import DecodeStats, GenerationResult
 from specdec.report import STAT_LINES, round_rows
 from specdec.trace import measured_speedup
 
-TABLE_COLUMNS = ("round", "matches", "accepted", "target token", "kind", "produced")  # the round table
+TABLE_COLUMNS = ("round", "k", "drafted by", "matches", "accepted", "target token", "kind", "produced")  # the round table
 MEASURED_SPEEDUP_HELP = (
     "measured speedup = tokens/s of this speculative run ÷ tokens/s of the target alone, run right after it "
     "on the same prompt with the same settings and the same number of new tokens (wall time, prefill included)")

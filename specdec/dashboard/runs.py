@@ -14,8 +14,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from specdec import DecodeStats, GenerationResult, Round
+from specdec.costs import CostModel
+from specdec.schedule import mean_draft_length
 
 from .config import K_RANGE, AppConfig
+
+AUTO = "auto"  # the k that lets the engine choose per round
 
 UPDATE_INTERVAL_S = 1.0  # at most one page update a second: rendering shares the CPU (and the GIL) with the decode
 
@@ -27,7 +31,7 @@ class DecodeRequest:
     target: str  # catalogue name, or a folder / hub id when custom models are allowed
     draft: str  # catalogue name, "lookup", "self:L", or a custom folder / id
     prompt: str  # raw prompt text (no chat template)
-    k: int  # draft tokens per round
+    k: int | str  # draft tokens per round, or "auto" (the cost-aware controller of specdec.schedule)
     max_new_tokens: int  # new tokens at most
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0  # nucleus mass, 1 = off
@@ -37,8 +41,8 @@ class DecodeRequest:
         """Self, or a ValueError saying which input to change."""
         if not self.prompt or not self.prompt.strip():
             raise ValueError("empty prompt: type a prompt or pick a preset")
-        if not isinstance(self.k, int) or not K_RANGE[0] <= self.k <= K_RANGE[1]:
-            raise ValueError(f"k must be an integer in {K_RANGE[0]}..{K_RANGE[1]}, got {self.k!r}")
+        if self.k != AUTO and (not isinstance(self.k, int) or not K_RANGE[0] <= self.k <= K_RANGE[1]):
+            raise ValueError(f"k must be 'auto' or an integer in {K_RANGE[0]}..{K_RANGE[1]}, got {self.k!r}")
         if not isinstance(self.max_new_tokens, int) or not 1 <= self.max_new_tokens <= config.max_new_tokens_cap:
             raise ValueError(f"max new tokens must be an integer in 1..{config.max_new_tokens_cap} on this host "
                              f"(SPECDEC_MAX_NEW_TOKENS), got {self.max_new_tokens!r}")
@@ -49,7 +53,8 @@ class DecodeRequest:
     @classmethod
     def from_inputs(cls, target, draft, prompt, k, max_new_tokens, temperature=0.0, top_p=1.0, seed=0):
         """From UI / API values (numbers may arrive as floats; a blank seed means random)."""
-        return cls(str(target or "").strip(), str(draft or "").strip(), prompt or "", _as_int(k, "k"),
+        k = AUTO if str(k).strip().lower() == AUTO else _as_int(k, "k")
+        return cls(str(target or "").strip(), str(draft or "").strip(), prompt or "", k,
                    _as_int(max_new_tokens, "max new tokens"), float(temperature or 0.0), float(top_p or 1.0),
                    None if seed is None or seed == "" else _as_int(seed, "seed"))
 
@@ -113,10 +118,11 @@ def stream(decode: Callable[[Callable[[Round], bool]], GenerationResult], token:
         token.stopped = True  # normal end: no effect; consumer gone: the worker ends after its round
 
 
-def partial_result(rounds: list[Round], k: int) -> GenerationResult:
+def partial_result(rounds: list[Round], k: int | str, costs: CostModel | None = None) -> GenerationResult:
     """The rounds seen so far as a GenerationResult (stats from the engine's own aggregation)."""
     token_ids = [t for r in rounds for t in r.emitted_token_ids]
-    return GenerationResult(token_ids, rounds, DecodeStats.from_rounds(rounds, k))
+    k = mean_draft_length(rounds) if k == AUTO else k
+    return GenerationResult(token_ids, rounds, DecodeStats.from_rounds(rounds, k, costs))
 
 
 def _as_int(value, name: str) -> int:
