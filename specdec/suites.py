@@ -154,7 +154,7 @@ def encode(prompt: Prompt, tokenizer) -> list[int]:
         return list(prompt.prompt)
     if tokenizer is None:
         raise ValueError(f"prompt {prompt.id} is text but the model has no tokenizer: use a token-id suite "
-                         f"(--suite {CI_SUITE}) or a model with a tokenizer")
+                         f"(--prompts {CI_SUITE}) or a model with a tokenizer")
     if prompt.template == "chat" and getattr(tokenizer, "chat_template", None):
         return _ids(tokenizer.apply_chat_template([{"role": "user", "content": prompt.prompt}],
                                                   add_generation_prompt=True, tokenize=True))

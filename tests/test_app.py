@@ -45,6 +45,15 @@ def decode(hub, paths, control=None, **overrides):
     return list(handlers.live_decode(hub, *inputs.values(), control or RunControl(), progress=Progress()))
 
 
+def test_config_honours_gradio_host_and_port_and_ours_win():
+    gradio = {"GRADIO_SERVER_NAME": "0.0.0.0", "GRADIO_SERVER_PORT": "7861"}
+    assert (AppConfig.from_env(gradio).host, AppConfig.from_env(gradio).port) == ("0.0.0.0", 7861)
+    both = AppConfig.from_env(gradio | {"SPECDEC_HOST": "127.0.0.2", "SPECDEC_PORT": "8000"})
+    assert (both.host, both.port) == ("127.0.0.2", 8000)
+    with pytest.raises(ValueError, match="GRADIO_SERVER_PORT"):
+        AppConfig.from_env({"GRADIO_SERVER_PORT": "http"})
+
+
 def test_config_from_env_reads_every_variable_and_names_bad_ones():
     config = AppConfig.from_env({"SPECDEC_PORT": "8000", "SPECDEC_ALLOWED_MODELS": "a, b", "SPECDEC_CONCURRENCY": "3",
                                  "SPECDEC_ALLOW_CUSTOM_MODELS": "0", "SPECDEC_MAX_NEW_TOKENS": "32"})

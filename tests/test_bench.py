@@ -4,7 +4,8 @@ import json
 import pytest
 
 from specdec import theory
-from specdec.advisor import K_MAX, advise, speedup_curve
+from specdec.advisor import advise, speedup_curve
+from specdec.limits import K_MAX
 from specdec.bench import (BenchConfig, advice_rows, contender, format_report, read_rows, run_bench,
                            summarise, target_checks)
 from specdec.cli import main
@@ -198,7 +199,7 @@ def test_cli_bench_on_tiny_suite_end_to_end(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     target = ids_folder(tmp_path / "target", seed=0)
     out = tmp_path / "run"
-    argv = ["bench", "--target", target, "--draft", target, "lookup", "--suite", "tiny", "--limit", "1",
+    argv = ["bench", "--target", target, "--draft", target, "lookup", "--prompts", "tiny", "--limit", "1",
             "--k", "1", "auto", "--max-new-tokens", "6", "--dtype", "float32", "--out", str(out)]
     assert main(argv) == 0
     printed = capsys.readouterr()
@@ -220,7 +221,7 @@ def test_cli_bench_on_tiny_suite_end_to_end(tmp_path, monkeypatch, capsys):
 def test_cli_bench_self_auto_benches_the_calibrated_layer_count(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     target, out = ids_folder(tmp_path / "target", seed=0), tmp_path / "run"
-    argv = ["bench", "--target", target, "--draft", "self:auto", "--self-layers", "2", "1", "--suite", "tiny",
+    argv = ["bench", "--target", target, "--draft", "self:auto", "--self-layers", "2", "1", "--prompts", "tiny",
             "--split", "heldout", "--limit", "1", "--k", "2", "--max-new-tokens", "5", "--dtype", "float32",
             "--no-hf-generate", "--out", str(out)]
     assert main(argv) == 0
@@ -265,7 +266,7 @@ def test_self_auto_outside_the_bench_points_to_it(tmp_path):
 
 
 def test_cli_bench_bad_input_exits_1(tmp_path, capsys):
-    assert main(["bench", "--target", "x", "--draft", "y", "--suite", str(tmp_path / "none.jsonl"),
+    assert main(["bench", "--target", "x", "--draft", "y", "--prompts", str(tmp_path / "none.jsonl"),
                  "--out", str(tmp_path / "o")]) == 1
     assert "error: no prompt suite" in capsys.readouterr().err
 

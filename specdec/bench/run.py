@@ -28,7 +28,7 @@ from transformers import GenerationConfig
 
 from ..engine import autoregressive_generate, speculative_generate
 from ..inputs import resolve_eos, unwrap
-from ..schedule import K_AUTO_START
+from ..limits import K_AUTO_START
 from ..suites import Prompt, encode
 from ..trace import first_divergence, ratio
 from .store import RESULTS_CSV, append_row, check_run_folder, read_rows, row_key, write_csv

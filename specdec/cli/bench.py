@@ -1,7 +1,7 @@
 """`python -m specdec bench`: ours vs the target alone vs Hugging Face assisted generation.
 
 Writes results.jsonl/.csv (one row per (draft, k, prompt) cell), summary.md (per-category
-tables, where the time goes, k advice, the issue's targets, greedy divergences) and plotly HTML
+tables, where the time goes, k advice, performance targets, greedy divergences) and plotly HTML
 charts to --out. A rerun with the same --out and settings skips the cells already measured.
 """
 from __future__ import annotations
@@ -11,11 +11,12 @@ import sys
 from pathlib import Path
 
 from ..bench import BenchConfig, cells_to_run, contender, format_report, run_bench, summarise
-from ..models import add_model_arguments, load_draft, load_model
-from ..schedule import K_AUTO_START
+from ..limits import K_AUTO_START, K_MAX
 from ..measure import Calibration, calibrate_layers
+from ..models import add_model_arguments, load_draft, load_model
 from ..suites import available_suites, encode, load_suite
 from ..theory import expected_tokens_per_step, walltime_speedup
+from .arguments import parse_k
 
 SUMMARY_MD = "summary.md"
 CALIBRATION_JSON = "calibration.json"
@@ -28,13 +29,13 @@ def register(subparsers) -> None:
     add_model_arguments(p)
     p.add_argument("--draft", nargs="+", required=True,
                    help="one or more drafts: model specs, 'lookup' (prompt lookup), 'self:L' (first L layers) "
-                        "or 'self:auto' (the L calibration measures best on the suite's dev prompts)")
+                        "or 'self:auto' (the L calibration measures best on the dev prompts of --prompts)")
     p.add_argument("--self-layers", nargs="+", type=int,
                    help="candidate L for self:auto (default: 1/4, 3/8, 1/2, 5/8, 3/4 of the target's depth)")
-    p.add_argument("--suite", default="all", help=f"built-in suite ({', '.join(available_suites())}), "
-                                                  "a .jsonl file, or a text file with one prompt per line")
+    p.add_argument("--prompts", default="all", help=f"built-in suite ({', '.join(available_suites())}), "
+                                                    "a .jsonl file, or a text file with one prompt per line")
     p.add_argument("--k", nargs="+", default=["1", "2", "4", "8"], type=parse_k,
-                   help="draft lengths to measure; 'auto' = the engine's adaptive k")
+                   help=f"draft lengths to measure (1..{K_MAX}); 'auto' = the engine's adaptive k")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (outputs are checked for identity)")
     p.add_argument("--repeats", type=int, default=1, help="timed runs per method and cell (median reported)")
@@ -47,18 +48,10 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def parse_k(value: str):
-    if value == "auto":
-        return value
-    if not value.isdigit() or int(value) < 1:
-        raise ValueError(f"--k takes positive integers or 'auto', got {value!r}")
-    return int(value)
-
-
 def run(args) -> int:
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
-    prompts = load_suite(args.suite, split=args.split, categories=args.categories, limit=args.limit)
+    prompts = load_suite(args.prompts, split=args.split, categories=args.categories, limit=args.limit)
     target = load_model(args.target, dtype=args.dtype)
     out = Path(args.out)
     calibration = calibrate_self_auto(target, args, out) if SELF_AUTO in args.draft else None
@@ -86,7 +79,7 @@ def calibrate_self_auto(target, args, out: Path) -> Calibration:
     CALIBRATION_TOKENS new tokens. Measure on --split heldout to keep calibration and report apart.
     Stored in calibration.json and reused by a rerun with the same settings.
     """
-    prompts = load_suite(args.suite, split="dev", categories=args.categories, limit=1)
+    prompts = load_suite(args.prompts, split="dev", categories=args.categories, limit=1)
     settings = {"target": target.name, "dtype": target.dtype, "prompts": [p.id for p in prompts],
                 "k": next((k for k in args.k if k != "auto"), K_AUTO_START), "candidates": args.self_layers,
                 "max_new_tokens": min(args.max_new_tokens, CALIBRATION_TOKENS)}

@@ -23,9 +23,10 @@ from ..align import DEFAULT_TEXTS, bits_per_character, transplant_vocabulary
 from ..drafters import NaiveCrossVocabDrafter, TextBridgeDrafter
 from ..engine import autoregressive_generate, speculative_generate
 from ..inputs import vocab_size
-from ..models import apply_speed_levers, default_name, load_draft, load_model
+from ..models import add_model_arguments, apply_speed_levers, default_name, load_draft, load_model
 from ..suites import load_suite
 from ..trace import pooled_stats, ratio
+from .arguments import parse_fixed_k
 from .distill import add_distill_arguments, apply_threads, config_from, distill_to_folder, prompt_ids
 
 PARTS = ("distill", "measure", "all")
@@ -36,12 +37,11 @@ def register(subparsers) -> None:
                                                     "with another tokenizer, naive vs aligned vs distilled)")
     experiments = p.add_subparsers(dest="experiment", required=True)
     e = experiments.add_parser("align-distill", help="aligned vs unaligned vs distilled drafts on held-out prompts")
-    e.add_argument("--target", default=default_name("target"), help="target model (default: the catalogue's)")
-    e.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto")
+    add_model_arguments(e, target_default=default_name("target"))
     e.add_argument("--same-draft", default=default_name("draft"), help="draft of the target's family (row a)")
     e.add_argument("--other-draft", default="smollm2-135m-instruct", help="draft of another family (rows b-e)")
     e.add_argument("--part", choices=PARTS, default="all", help="distill (train e), measure (the table), or all")
-    e.add_argument("--k", type=int, default=5, help="draft tokens per round")
+    e.add_argument("--k", type=parse_fixed_k, default=5, help="draft tokens per round")
     e.add_argument("--measure-max-new-tokens", type=int, default=48, help="tokens generated per held-out prompt")
     add_distill_arguments(e)
     e.add_argument("--out", default="runs/align-distill", help="run folder (reused to resume)")

@@ -9,6 +9,7 @@ from ..engine import autoregressive_generate, speculative_generate
 from ..models import add_model_arguments, load_draft, load_model
 from ..report import baseline_lines, format_stats, format_table, is_bug, round_rows
 from ..trace import explain_divergence
+from .arguments import parse_k
 
 BUG_EXIT = 3  # exit status when greedy output leaves the target's for a reason rounding cannot explain
 
@@ -18,7 +19,7 @@ def register(subparsers) -> None:
     add_model_arguments(p)
     p.add_argument("--draft", required=True, help="draft model (catalogue name, folder, .gguf, hub id) or drafter")
     p.add_argument("--prompt", required=True)
-    p.add_argument("--k", type=_k_value, default="auto",
+    p.add_argument("--k", type=parse_k, default="auto",
                    help="draft tokens per round (1..16), or auto (default: chosen each round from the measured costs)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -57,6 +58,3 @@ def run(args) -> int:
             print("\n".join(baseline_lines(result, baseline, greedy, target.dtype, target.tokenizer)))
     return BUG_EXIT if is_bug(divergence) else 0
 
-
-def _k_value(text: str):
-    return text if text == "auto" else int(text)

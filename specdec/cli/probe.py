@@ -11,6 +11,7 @@ from dataclasses import asdict
 from ..models import add_model_arguments, load_draft, load_model
 from ..probe import check_threshold, probe, sample_prompts
 from ..suites import load_suite
+from .arguments import parse_fixed_k
 
 BELOW_THRESHOLD = 2  # exit code when the acceptance rate is under the threshold
 
@@ -22,7 +23,7 @@ def register(subparsers) -> None:
     p.add_argument("--prompts", default="all", help="suite name, .jsonl file, or text file (one prompt per line)")
     p.add_argument("--threshold", type=float, default=0.5, help="minimum acceptance rate α̂ (default 0.5: below it the draft has drifted from the target)")
     p.add_argument("--samples", type=int, default=16, help="prompts sampled from --prompts")
-    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--k", type=parse_fixed_k, default=4, help="draft tokens per round")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt sample")
     p.add_argument("--no-fallback", action="store_true",

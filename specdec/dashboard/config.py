@@ -4,8 +4,8 @@ Every knob a host needs (a laptop, a free CPU Hugging Face Space) is an environm
 
 | variable | field | default |
 |---|---|---|
-| SPECDEC_HOST | host | 127.0.0.1 (0.0.0.0 on a Space) |
-| SPECDEC_PORT | port | 7860 |
+| SPECDEC_HOST, else Gradio's GRADIO_SERVER_NAME | host | 127.0.0.1 (0.0.0.0 on a Space) |
+| SPECDEC_PORT, else Gradio's GRADIO_SERVER_PORT | port | 7860 |
 | SPECDEC_ALLOWED_MODELS | allowed_models | empty = every catalogue model |
 | SPECDEC_ALLOW_CUSTOM_MODELS | allow_custom_models | 1 (0 on a Space) |
 | SPECDEC_MAX_NEW_TOKENS | max_new_tokens_cap | 256 |
@@ -55,11 +55,12 @@ class AppConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "AppConfig":
-        """Read the SPECDEC_* variables; bad values raise ValueError naming the variable."""
+        """Read the SPECDEC_* variables (and Gradio's own for host and port); bad values raise ValueError naming
+        the variable."""
         on_space = "SPACE_ID" in environ  # set by Hugging Face Spaces
         config = cls(
-            host=environ.get("SPECDEC_HOST", "0.0.0.0" if on_space else cls.host),
-            port=_integer(environ, "SPECDEC_PORT", cls.port, 1, 65535),
+            host=environ.get(_variable(environ, "SPECDEC_HOST", "GRADIO_SERVER_NAME"), "0.0.0.0" if on_space else cls.host),
+            port=_integer(environ, _variable(environ, "SPECDEC_PORT", "GRADIO_SERVER_PORT"), cls.port, 1, 65535),
             allowed_models=tuple(n.strip() for n in environ.get("SPECDEC_ALLOWED_MODELS", "").split(",") if n.strip()),
             allow_custom_models=_flag(environ, "SPECDEC_ALLOW_CUSTOM_MODELS", not on_space),
             max_new_tokens_cap=_integer(environ, "SPECDEC_MAX_NEW_TOKENS", cls.max_new_tokens_cap, 1, 4096),
@@ -72,6 +73,11 @@ class AppConfig:
         if config.dtype not in DTYPES:
             raise ValueError(f"SPECDEC_DTYPE must be one of {', '.join(DTYPES)}, got {config.dtype!r}")
         return config
+
+
+def _variable(environ: Mapping[str, str], *names: str) -> str:
+    """The first of `names` that is set (ours before Gradio's), else the first: the variable to read."""
+    return next((name for name in names if environ.get(name, "") != ""), names[0])
 
 
 def _integer(environ: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:

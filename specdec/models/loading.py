@@ -188,9 +188,9 @@ def _from_folder(folder: Path, dtype: str, device: str, trust_remote_code: bool)
     return model.to(device).eval(), tokenizer
 
 
-def add_model_arguments(parser) -> None:
-    """`--target` (required) and `--dtype` on an argparse parser."""
-    parser.add_argument("--target", required=True,
+def add_model_arguments(parser, *, target_default: str | None = None) -> None:
+    """`--target` (required unless `target_default` is given) and `--dtype` on an argparse parser."""
+    parser.add_argument("--target", required=target_default is None, default=target_default,
                         help=f"target model: catalogue name (default pair: {entries.default_name('target')} + "
                              f"{entries.default_name('draft')}), local folder, .gguf file, hub id org/name, "
                              "or modelscope:org/name")

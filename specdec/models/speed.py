@@ -20,8 +20,9 @@ import os
 
 import torch
 
+from ..limits import K_MAX
 
-ROWS_FIRST_MAX = 16  # row counts 2..16 (verification of k+1 <= 16 tokens) take the W @ x.T path
+ROWS_FIRST_MAX = K_MAX + 1  # row counts 2..K_MAX+1 (a verification of the largest k plus one) take the W @ x.T path
 
 
 def _fp32_cpu_inference(module: torch.nn.Linear, x: torch.Tensor) -> bool:
