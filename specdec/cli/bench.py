@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..bench import BenchConfig, cells_to_run, contender, format_report, run_bench, summarise
+from ..bench import BenchConfig, advice_rows, cells_to_run, contender, format_report, run_bench, summarise
 from ..limits import K_AUTO_START, K_MAX
 from ..measure import Calibration, calibrate_layers
 from ..models import add_model_arguments, load_draft, load_model
@@ -144,9 +144,11 @@ def write_charts(rows: list[dict], out: Path) -> list[Path]:
 
     summaries = summarise(rows)
     drafts = sorted({s.draft for s in summaries})
+    pooled = {a.draft: a for a in advice_rows(rows, summaries) if a.category == "all"}  # α̂ and c over every fixed k
     figure = make_subplots(rows=1, cols=len(drafts), subplot_titles=drafts, shared_yaxes=True)
     for col, draft in enumerate(drafts, start=1):
-        for trace in _speedup_traces([s for s in summaries if s.draft == draft and s.category == "all"]):
+        overall = [s for s in summaries if s.draft == draft and s.category == "all"]
+        for trace in _speedup_traces(overall, pooled.get(draft)):
             trace.showlegend = col == 1
             figure.add_trace(trace, row=1, col=col)
         figure.update_xaxes(title_text="k (draft tokens per round)", row=1, col=col)
@@ -161,16 +163,16 @@ def write_charts(rows: list[dict], out: Path) -> list[Path]:
     return paths
 
 
-def _speedup_traces(summaries: list) -> list:
-    """Measured ours and HF assisted per k, and both bounds as curves at the pooled alpha-hat and c."""
+def _speedup_traces(summaries: list, pooled) -> list:
+    """Measured ours and HF assisted per k, and both bounds as curves at the pooled alpha-hat and c
+    (`pooled`: the draft's AdviceRow over every fixed k; None when no fixed k was measured)."""
     import plotly.graph_objects as go
 
     fixed = sorted((s for s in summaries if s.k.isdigit()), key=lambda s: int(s.k))
-    if not fixed:
+    if not fixed or pooled is None:
         return []
     ks = [int(s.k) for s in fixed]
-    alpha = sum(s.acceptance_rate for s in fixed) / len(fixed)
-    c = sum(s.cost_ratio for s in fixed) / len(fixed)
+    alpha, c = pooled.acceptance_rate, pooled.cost_ratio
     grid = list(range(1, max(ks) + 1))
     traces = [
         go.Scatter(x=ks, y=[s.speedup_vs_target_alone for s in fixed], mode="lines+markers", name="ours (measured)"),
