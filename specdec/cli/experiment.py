@@ -23,6 +23,7 @@ from ..align import DEFAULT_TEXTS, bits_per_character, transplant_vocabulary
 from ..drafters import NaiveCrossVocabDrafter, TextBridgeDrafter
 from ..engine import autoregressive_generate, speculative_generate
 from ..inputs import vocab_size
+from ..limits import K_MAX
 from ..models import add_model_arguments, apply_speed_levers, default_name, load_draft, load_model
 from ..suites import load_suite
 from ..trace import pooled_stats, ratio
@@ -41,7 +42,7 @@ def register(subparsers) -> None:
     e.add_argument("--same-draft", default=default_name("draft"), help="draft of the target's family (row a)")
     e.add_argument("--other-draft", default="smollm2-135m-instruct", help="draft of another family (rows b-e)")
     e.add_argument("--part", choices=PARTS, default="all", help="distill (train e), measure (the table), or all")
-    e.add_argument("--k", type=parse_fixed_k, default=5, help="draft tokens per round")
+    e.add_argument("--k", type=parse_fixed_k, default=5, help=f"draft tokens per round (1..{K_MAX})")
     e.add_argument("--measure-max-new-tokens", type=int, default=48, help="tokens generated per held-out prompt")
     add_distill_arguments(e)
     e.add_argument("--out", default="runs/align-distill", help="run folder (reused to resume)")

@@ -6,6 +6,7 @@ from dataclasses import asdict
 
 from ..costs import calibrate
 from ..engine import autoregressive_generate, speculative_generate
+from ..limits import K_MAX
 from ..models import add_model_arguments, load_draft, load_model
 from ..report import baseline_lines, format_stats, format_table, is_bug, round_rows
 from ..trace import explain_divergence
@@ -20,7 +21,7 @@ def register(subparsers) -> None:
     p.add_argument("--draft", required=True, help="draft model (catalogue name, folder, .gguf, hub id) or drafter")
     p.add_argument("--prompt", required=True)
     p.add_argument("--k", type=parse_k, default="auto",
-                   help="draft tokens per round (1..16), or auto (default: chosen each round from the measured costs)")
+                   help=f"draft tokens per round (1..{K_MAX}), or auto (default: chosen each round from the measured costs)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0)

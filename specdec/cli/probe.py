@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
+from ..limits import K_MAX
 from ..models import add_model_arguments, load_draft, load_model
 from ..probe import check_threshold, probe, sample_prompts
 from ..suites import load_suite
@@ -23,7 +24,7 @@ def register(subparsers) -> None:
     p.add_argument("--prompts", default="all", help="suite name, .jsonl file, or text file (one prompt per line)")
     p.add_argument("--threshold", type=float, default=0.5, help="minimum acceptance rate α̂ (default 0.5: below it the draft has drifted from the target)")
     p.add_argument("--samples", type=int, default=16, help="prompts sampled from --prompts")
-    p.add_argument("--k", type=parse_fixed_k, default=4, help="draft tokens per round")
+    p.add_argument("--k", type=parse_fixed_k, default=4, help=f"draft tokens per round (1..{K_MAX})")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--seed", type=int, default=0, help="seed of the prompt sample")
     p.add_argument("--no-fallback", action="store_true",
