@@ -164,22 +164,34 @@ def test_summary_pools_counts_and_report_lists_divergences(tiny_run):
     rows[0]["ours_equals_target_alone"], rows[0]["first_divergence"] = False, 3
     assert f"ours ≠ target alone: draft {rows[0]['draft']}, k={rows[0]['k']}, prompt {rows[0]['prompt_id']} at token 3" \
         in format_report(rows)
-    checks = target_checks(summaries)
-    assert {c.target for c in checks} == {"ours / HF assisted tokens/s", "measured speedup / cost-aware bound"}
+    checks = target_checks(summaries, rows=rows)
+    assert {c.target for c in checks if c.draft == "noisy"} == {
+        "all prompts: speedup vs target alone", "worst category (random): speedup", "ours / HF assisted tokens/s"}
+    worst = next(c for c in checks if c.draft == "noisy" and c.target.startswith("worst"))
+    assert worst.measured == min(s.speedup_vs_target_alone for s in summaries
+                                 if s.draft == "noisy" and s.k == worst.k and s.category != "all")
+    assert not [c for c in checks if "predicted" in c.target]  # 8-token cells: below the prediction's minimum
+    long_rows = [dict(r, new_tokens=64) for r in rows]
+    prediction = next(c for c in target_checks(summarise(long_rows), rows=long_rows)
+                      if c.draft == "noisy" and "predicted" in c.target)
+    cells = [r for r in long_rows if r["draft"] == "noisy"]
+    assert prediction.measured == sum(abs(r["speedup_vs_target_alone"] / r["predicted_speedup"] - 1) <= 0.1
+                                      for r in cells) / len(cells)
 
 
-@pytest.mark.parametrize("verify_vs_step, expect_max_k", [(1.0, True), (1.5, False)])
-def test_advice_prices_the_measured_verification_cost(tiny_run, verify_vs_step, expect_max_k):
-    """A model-free draft (c = 0) whose k+1-token verify costs 1.5 target steps is not advised the largest k."""
+@pytest.mark.parametrize("slope, expect_max_k", [(0.0, True), (0.5, False)])
+def test_advice_prices_the_calibrated_verification_cost(tiny_run, slope, expect_max_k):
+    """A model-free draft (c = 0) whose verification grows by `slope` steps a token is not advised the largest k."""
     cells = [dict(r) for r in tiny_run[1] if r["draft"] == "self" and r["k"] == "2"]
-    for r in cells:  # lookup-like: no draft forwards, 9 of 10 drafts accepted, verify = verify_vs_step steps
+    curve = [1.0 + slope * n for n in range(K_MAX + 1)]
+    for r in cells:  # lookup-like: no draft forwards, 9 of 10 drafts accepted, calibrated v(n) = 1 + slope (n - 1)
         r.update(draft="free", draft_time_s=0.0, round_draft_forwards=0, rounds=10, draft_tokens=20,
-                 accepted_tokens=18, rejections=2, target_time_s=10 * verify_vs_step * r["target_step_s"])
+                 accepted_tokens=18, rejections=2, verify_curve=curve, calibrated_c=0.0)
     advice = next(a for a in advice_rows(cells) if a.category == "all")
-    assert advice.cost_ratio == 0 and advice.verify_cost == pytest.approx((verify_vs_step - 1) / 2)
-    assert (advice.recommended_k == K_MAX) == expect_max_k
-    assert advice.expected_speedup == pytest.approx(theory.walltime_speedup(0.9, advice.recommended_k,
-                                                                            advice.verify_cost))
+    assert advice.cost_ratio == 0 and advice.verify_cost == pytest.approx(1 + slope * advice.recommended_k)
+    assert (advice.recommended_k == K_MAX) == expect_max_k and advice.leviathan_k == K_MAX
+    assert advice.expected_speedup == pytest.approx(theory.predicted_speedup(0.9, advice.recommended_k, 0.0,
+                                                                             advice.verify_cost))
 
 
 def test_first_divergence():

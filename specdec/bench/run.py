@@ -30,7 +30,8 @@ from ..engine import autoregressive_generate, speculative_generate
 from ..inputs import resolve_eos, unwrap
 from ..limits import K_AUTO_START
 from ..suites import Prompt, encode
-from ..trace import first_divergence, ratio
+from ..costs import CostModel
+from ..trace import explain_divergence, first_divergence, ratio
 from .store import RESULTS_CSV, append_row, check_run_folder, read_rows, row_key, write_csv
 
 WARMUP_TOKENS = 4  # new tokens of the warm-up calls (first-call allocation and kernel selection)
@@ -55,15 +56,16 @@ class Contender:
     name: str  # how rows and charts call it
     draft: object  # a causal LM / LoadedModel or a Drafter, as `speculative_generate` takes it
     hf_assistant: torch.nn.Module | None  # the model HF assisted generation runs as assistant; None = no HF column
+    costs: CostModel | None = None  # the pair's calibrated v(n) and c (`specdec.costs`); None = v(n) = 1
 
 
-def contender(name: str, draft, target) -> Contender:
+def contender(name: str, draft, target, costs: CostModel | None = None) -> Contender:
     """Wrap a draft; HF assisted generation applies only to a model draft with the target's vocab size."""
     draft_model, _ = unwrap(draft, None)
     target_model, _ = unwrap(target, None)
     same_vocab = (isinstance(draft_model, torch.nn.Module)
                   and draft_model.config.get_text_config().vocab_size == target_model.config.get_text_config().vocab_size)
-    return Contender(name, draft, draft_model if same_vocab else None)
+    return Contender(name, draft, draft_model if same_vocab else None, costs)
 
 
 @dataclass
@@ -121,7 +123,7 @@ def cells_to_run(out_dir: str | Path, contenders: list[Contender], prompts: list
 
 def _cell(target_model, entry: Contender, k, prompt: Prompt, ids: list[int], config: BenchConfig,
           alone: Timed, plain: Timed | None) -> dict:
-    ours = _time_ours(target_model, entry.draft, ids, k, config)
+    ours = _time_ours(target_model, entry, ids, k, config)
     assisted = _time_hf(target_model, entry.hf_assistant, ids, k, config) if entry.hf_assistant is not None else None
     stats = ours.result.stats
     rounds = ours.result.rounds
@@ -147,11 +149,21 @@ def _cell(target_model, entry: Contender, k, prompt: Prompt, ids: list[int], con
         "acceptance_rate": stats.acceptance_rate, "mean_accepted_length": stats.mean_accepted_length,
         "cost_ratio": stats.cost_ratio, "theoretical_speedup": stats.theoretical_speedup,
         "cost_aware_bound": stats.expected_walltime_speedup,
+        "verify_cost": stats.verify_cost, "predicted_speedup": stats.predicted_speedup,
+        "calibrated_c": entry.costs.draft_cost if entry.costs else None,
+        "verify_curve": entry.costs.target.verify if entry.costs else None,
         "ours_equals_target_alone": _same(ours, alone) if greedy else None,
         "hf_assisted_equals_target_alone": _same(assisted, alone) if greedy and assisted else None,
         "hf_plain_equals_target_alone": _same(plain, alone) if greedy and plain else None,
         "first_divergence": first_divergence(ours.token_ids, alone.token_ids) if greedy else None,
+        "divergence": _divergence(ours, alone, config) if greedy else None,
     }
+
+
+def _divergence(ours: Timed, alone: Timed, config: BenchConfig) -> dict | None:
+    """Why ours left the target alone's greedy output (`specdec.trace.explain_divergence`), as a row field."""
+    divergence = explain_divergence(ours.result, alone.result, config.dtype)
+    return None if divergence is None else {**asdict(divergence), "describe": divergence.describe()}
 
 
 def _same(timed: Timed, reference: Timed) -> bool:
@@ -175,10 +187,10 @@ def _median_time(run: Callable[[], tuple[list[int], object]], repeats: int) -> T
     return Timed(first[0], statistics.median(seconds), first[1])
 
 
-def _time_ours(target_model, draft, ids: list[int], k, config: BenchConfig) -> Timed:
+def _time_ours(target_model, entry: Contender, ids: list[int], k, config: BenchConfig) -> Timed:
     def run():
-        result = speculative_generate(target_model, draft, ids, k=k, max_new_tokens=config.max_new_tokens,
-                                      temperature=config.temperature, seed=config.seed)
+        result = speculative_generate(target_model, entry.draft, ids, k=k, max_new_tokens=config.max_new_tokens,
+                                      temperature=config.temperature, seed=config.seed, costs=entry.costs)
         return result.token_ids, result
     return _median_time(run, config.repeats)
 
@@ -244,6 +256,6 @@ def _warm_up(target_model, contenders: list[Contender], ks: list, ids: list[int]
     _time_target_alone(target_model, ids, short)
     _time_hf(target_model, None, ids, 0, short)
     for entry in contenders:
-        _time_ours(target_model, entry.draft, ids, ks[0], short)
+        _time_ours(target_model, entry, ids, ks[0], short)
         if entry.hf_assistant is not None:
             _time_hf(target_model, entry.hf_assistant, ids, ks[0], short)

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from ..bench import BenchConfig, advice_rows, cells_to_run, contender, format_report, run_bench, summarise
+from ..costs import calibrate
 from ..limits import K_AUTO_START, K_MAX
 from ..measure import Calibration, calibrate_layers
 from ..models import add_model_arguments, load_draft, load_model
@@ -22,6 +23,7 @@ SUMMARY_MD = "summary.md"
 CALIBRATION_JSON = "calibration.json"
 SELF_AUTO = "self:auto"  # self-speculation with the L that calibrate_layers measures best
 CALIBRATION_TOKENS = 32  # new tokens per calibration prompt (at most --max-new-tokens)
+BUG_EXIT = 3  # exit status when a greedy divergence is not a rounding near-tie
 
 
 def register(subparsers) -> None:
@@ -56,7 +58,7 @@ def run(args) -> int:
     out = Path(args.out)
     calibration = calibrate_self_auto(target, args, out) if SELF_AUTO in args.draft else None
     specs = [f"self:{calibration.best_layers}" if spec == SELF_AUTO else spec for spec in args.draft]
-    contenders = [contender(spec, load_draft(spec, target, dtype=args.dtype), target) for spec in specs]
+    contenders = [calibrated(spec, load_draft(spec, target, dtype=args.dtype), target) for spec in specs]
     config = BenchConfig(target=args.target, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                          repeats=args.repeats, seed=args.seed, dtype=target.dtype)
     print(f"target {target.name} ({target.dtype}); drafts {', '.join(c.name for c in contenders)}; "
@@ -69,7 +71,20 @@ def run(args) -> int:
     print(report)
     print(f"wrote {out / 'results.csv'}, {out / 'results.jsonl'}, {out / SUMMARY_MD}, "
           + ", ".join(str(c) for c in charts))
-    return 0
+    bugs = [r for r in rows if (r.get("divergence") or {}).get("near_tie") is False]
+    for row in bugs:
+        print(f"error: greedy output left the target's and rounding does not explain it ({row['draft']}, "
+              f"k={row['k']}, {row['prompt_id']}): {row['divergence']['describe']}", file=sys.stderr)
+    return BUG_EXIT if bugs else 0
+
+
+def calibrated(spec: str, draft, target):
+    """A contender with its pair's measured costs (v(n), c; cached per machine, `specdec.costs`)."""
+    costs = calibrate(target, draft)
+    print(f"costs of {spec}: v(2..{len(costs.target.verify)}) = "
+          + " ".join(f"{v:.2f}" for v in costs.target.verify[1:]) + f", c = {costs.draft_cost:.3f}"
+          + ("" if costs.measured_now else " (cached)"), flush=True)
+    return contender(spec, draft, target, costs)
 
 
 def calibrate_self_auto(target, args, out: Path) -> Calibration:
@@ -129,10 +144,12 @@ def bench_with_progress(target, contenders, prompts, ks, config, out: Path, **op
 
 def cell_line(row: dict) -> str:
     hf = row["speedup_vs_hf_assisted"]
-    same = {True: "identical", False: f"DIVERGES at token {row['first_divergence']}", None: "sampled"}
+    divergence = (row.get("divergence") or {}).get("describe", f"at token {row['first_divergence']}")
+    same = {True: "identical", False: f"DIVERGES: {divergence}", None: "sampled"}
     return (f"{row['draft']} k={row['k']} {row['prompt_id']}: α̂={row['acceptance_rate']:.2f} "
-            f"c={row['cost_ratio']:.2f} {row['ours_tok_s']:.2f} tok/s, "
-            f"{row['speedup_vs_target_alone']:.2f}x vs target alone (bound {row['cost_aware_bound']:.2f}x)"
+            f"c={row['cost_ratio']:.2f} v={row['verify_cost']:.2f} {row['ours_tok_s']:.2f} tok/s, "
+            f"{row['speedup_vs_target_alone']:.2f}x vs target alone (predicted {row['predicted_speedup']:.2f}x, "
+            f"Leviathan bound {row['cost_aware_bound']:.2f}x)"
             + (f", {hf:.2f}x vs HF assisted" if hf is not None else "")
             + f", {same[row['ours_equals_target_alone']]}")
 
