@@ -7,10 +7,13 @@ Every knob a host needs (a laptop, a free CPU Hugging Face Space) is an environm
 | SPECDEC_HOST, else Gradio's GRADIO_SERVER_NAME | host | 127.0.0.1 (0.0.0.0 on a Space) |
 | SPECDEC_PORT, else Gradio's GRADIO_SERVER_PORT | port | 7860 |
 | SPECDEC_ALLOWED_MODELS | allowed_models | empty = every catalogue model |
-| SPECDEC_ALLOW_CUSTOM_MODELS | allow_custom_models | 1 (0 on a Space) |
+| SPECDEC_ALLOW_CUSTOM_MODELS | allow_custom_models | 1 on a loopback host (127.x, localhost, ::1), else 0 |
 | SPECDEC_MAX_NEW_TOKENS | max_new_tokens_cap | 256 |
+| SPECDEC_MAX_PROMPT_CHARS | max_prompt_chars | 4000 |
+| SPECDEC_TIME_LIMIT_S | time_limit_s | 120 |
 | SPECDEC_CONCURRENCY | concurrency | 1 |
-| SPECDEC_DTYPE | dtype | float32 |
+| SPECDEC_QUEUE_SIZE | queue_size | 16 |
+| SPECDEC_DTYPE | dtype | auto (bfloat16 with native bf16 kernels, else float32) |
 | SPECDEC_TARGET / SPECDEC_DRAFT | default_target / default_draft | the catalogue's default pair |
 | SPECDEC_UNALIGNED | default_unaligned | the catalogue's first unaligned draft |
 """
@@ -24,7 +27,7 @@ from specdec.limits import K_UI_MAX
 
 K_RANGE = (1, K_UI_MAX)  # draft tokens per round offered by the dashboard (specdec.limits)
 MODEL_DRAFTERS = ("lookup", "self:4", "self:8", "self:14")  # need no second model: prompt lookup, first L target layers
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("auto", "float32", "bfloat16")
 
 PROMPTS = {  # preset name -> prompt text
     "Chinese chat: 今天天气": "今天天气",
@@ -47,8 +50,11 @@ class AppConfig:
     allowed_models: tuple[str, ...] = ()  # catalogue names offered; empty = the whole catalogue
     allow_custom_models: bool = True  # accept free-text model folders / .gguf paths / hub ids
     max_new_tokens_cap: int = 256  # largest max_new_tokens a visitor may ask for
+    max_prompt_chars: int = 4000  # longest prompt a visitor may send (it is prefilled, then again for the baseline)
+    time_limit_s: int = 120  # wall time of one request's decodes; past it the decode stops after its round
     concurrency: int = 1  # decodes running at once (each holds the CPU); the rest wait in the queue
-    dtype: str = "float32"  # weights dtype for every model the dashboard loads
+    queue_size: int = 16  # requests waiting at most; one more is refused with a "busy" message
+    dtype: str = "auto"  # weights dtype of every model the app loads (auto: specdec.models.resolve_dtype)
     default_target: str = ""  # preselected target ("" = the catalogue's default pair)
     default_draft: str = ""  # preselected draft ("" = the catalogue's default pair)
     default_unaligned: str = ""  # preselected other-tokenizer draft of the compare tab ("" = the catalogue's first)
@@ -58,13 +64,18 @@ class AppConfig:
         """Read the SPECDEC_* variables (and Gradio's own for host and port); bad values raise ValueError naming
         the variable."""
         on_space = "SPACE_ID" in environ  # set by Hugging Face Spaces
+        host = environ.get(_variable(environ, "SPECDEC_HOST", "GRADIO_SERVER_NAME"),
+                           "0.0.0.0" if on_space else cls.host)
         config = cls(
-            host=environ.get(_variable(environ, "SPECDEC_HOST", "GRADIO_SERVER_NAME"), "0.0.0.0" if on_space else cls.host),
+            host=host,
             port=_integer(environ, _variable(environ, "SPECDEC_PORT", "GRADIO_SERVER_PORT"), cls.port, 1, 65535),
             allowed_models=tuple(n.strip() for n in environ.get("SPECDEC_ALLOWED_MODELS", "").split(",") if n.strip()),
-            allow_custom_models=_flag(environ, "SPECDEC_ALLOW_CUSTOM_MODELS", not on_space),
+            allow_custom_models=_flag(environ, "SPECDEC_ALLOW_CUSTOM_MODELS", loopback(host)),
             max_new_tokens_cap=_integer(environ, "SPECDEC_MAX_NEW_TOKENS", cls.max_new_tokens_cap, 1, 4096),
+            max_prompt_chars=_integer(environ, "SPECDEC_MAX_PROMPT_CHARS", cls.max_prompt_chars, 1, 1_000_000),
+            time_limit_s=_integer(environ, "SPECDEC_TIME_LIMIT_S", cls.time_limit_s, 1, 86_400),
             concurrency=_integer(environ, "SPECDEC_CONCURRENCY", cls.concurrency, 1, 64),
+            queue_size=_integer(environ, "SPECDEC_QUEUE_SIZE", cls.queue_size, 1, 10_000),
             dtype=environ.get("SPECDEC_DTYPE", cls.dtype),
             default_target=environ.get("SPECDEC_TARGET", ""),
             default_draft=environ.get("SPECDEC_DRAFT", ""),
@@ -73,6 +84,11 @@ class AppConfig:
         if config.dtype not in DTYPES:
             raise ValueError(f"SPECDEC_DTYPE must be one of {', '.join(DTYPES)}, got {config.dtype!r}")
         return config
+
+
+def loopback(host: str) -> bool:
+    """Whether `host` serves this machine only (127.x, localhost, ::1): then custom models are safe by default."""
+    return host.startswith("127.") or host.lower() in ("localhost", "::1", "[::1]")
 
 
 def _variable(environ: Mapping[str, str], *names: str) -> str:
