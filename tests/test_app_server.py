@@ -74,7 +74,7 @@ def test_speculate_api_returns_the_result_json_and_greedy_equals_target_alone(ap
 def test_bad_api_input_is_an_error_and_the_server_keeps_serving(app_server):
     url, paths = app_server
     client = Client(url, verbose=False)
-    with pytest.raises(Exception, match="k must be an integer in 1..10"):
+    with pytest.raises(Exception, match="k must be .auto. or an integer in 1..10"):
         client.predict(paths["target"], paths["draft"], "hi", 12, 8, 0.0, 0, api_name="/speculate")
     with pytest.raises(Exception, match="max new tokens must be an integer in 1..24"):
         client.predict(paths["target"], paths["draft"], "hi", 2, 500, 0.0, 0, api_name="/speculate")

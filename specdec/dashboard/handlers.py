@@ -6,6 +6,7 @@ The first parameter of each model handler is the `ModelHub` (bound with functool
 from __future__ import annotations
 
 import functools
+import html
 import inspect
 from pathlib import Path
 from typing import NamedTuple
@@ -24,7 +25,7 @@ from .chips import chips_html
 from .config import PROMPTS
 from .hub import ModelHub
 from .panels import round_table, stats_html
-from .runs import AUTO, DecodeRequest, RunControl, partial_result, stream
+from .runs import AUTO, DecodeRequest, RunControl, StopToken, partial_result, stream
 
 SWEEP_KS = (1, 2, 3, 4, 6, 8, 10)  # k values of the theory tab's sweep
 
@@ -81,7 +82,10 @@ def live_decode(hub: ModelHub, target, draft, bridge, prompt, k, max_new_tokens,
     """
     request = DecodeRequest.from_inputs(target, draft, prompt, k, max_new_tokens,
                                         temperature if sampling else 0.0, top_p, seed).checked(hub.config)
-    token = control.start()
+    token = control.start(hub.config.time_limit_s)
+    if token.stopped:  # Stop was pressed while this request waited in the queue
+        yield LiveView(*[gr.skip()] * 6, token.reason)
+        return
     target_model, draft_model = hub.pair(request.target, request.draft, bridge, progress=progress)
     costs = hub.costs(target_model, draft_model, progress=progress)
     tokenizer = target_model.tokenizer
@@ -94,13 +98,13 @@ def live_decode(hub: ModelHub, target, draft, bridge, prompt, k, max_new_tokens,
         yield live_view(partial, tokenizer, request, f"decoding… {len(partial.rounds)} rounds, "
                                                      f"{len(partial.token_ids)} tokens", light=True)
     if result.stopped_early or not measure_baseline:
-        note = "stopped by you" if result.stopped_early else "done"
+        note = token.reason if result.stopped_early else "done"
         yield live_view(result, tokenizer, request, f"{note}: {len(result.token_ids)} tokens in {len(result.rounds)} "
                                                     f"rounds, {result.stats.wall_time_s:.2f} s")
         return
     yield live_view(result, tokenizer, request, "measuring the target alone on the same prompt and length…",
                     light=True)
-    baseline = _baseline(target_model, request, len(result.token_ids))
+    baseline = _baseline(target_model, request, len(result.token_ids), token.running)
     summary = "; ".join(baseline_lines(result, baseline, request.temperature == 0, target_model.dtype, tokenizer))
     yield live_view(result, tokenizer, request, f"done: {len(result.token_ids)} tokens in {len(result.rounds)} "
                                                 f"rounds; {summary}", baseline)
@@ -130,7 +134,9 @@ def speculate(hub: ModelHub, target, draft, prompt, k, max_new_tokens, temperatu
     request = DecodeRequest.from_inputs(target, draft, prompt, k, max_new_tokens, temperature, 1.0,
                                         seed).checked(hub.config)
     target_model, draft_model = hub.pair(request.target, request.draft)
-    return _speculate(target_model, draft_model, request, costs=hub.costs(target_model, draft_model)).to_dict()
+    token = StopToken(hub.config.time_limit_s)
+    costs = hub.costs(target_model, draft_model)
+    return _speculate(target_model, draft_model, request, token.running, costs).to_dict()
 
 
 @user_errors
@@ -147,6 +153,7 @@ def compare(hub: ModelHub, target, prompt, k, max_new_tokens, *drafts_and_bridge
         raise ValueError("pick at least one draft to compare")
     request = DecodeRequest.from_inputs(target, chosen[0][1], prompt, k, max_new_tokens).checked(hub.config)
     target_model = hub.target(request.target, progress=progress)
+    token = StopToken(hub.config.time_limit_s)
     panels = ["<em>not run</em>"] * columns
     results: dict[str, GenerationResult] = {}
     for i, name, bridge in chosen:
@@ -154,9 +161,9 @@ def compare(hub: ModelHub, target, prompt, k, max_new_tokens, *drafts_and_bridge
         try:
             draft = hub.draft(name, target_model, bridge=bridge)
             result = _speculate(target_model, draft, DecodeRequest(**{**request.__dict__, "draft": name}),
-                                costs=hub.costs(target_model, draft))
+                                token.running, hub.costs(target_model, draft))
         except ValueError as error:  # one draft that cannot run says why; the others still run
-            panels[i] = f'<div class="compare-error">⚠ {name} ({bridge}): {error}</div>'
+            panels[i] = f'<div class="compare-error">⚠ {html.escape(f"{name} ({bridge}): {error}")}</div>'
             continue
         results[f"{i + 1}: {Path(name).name} ({bridge})"] = result  # a folder's last part keeps columns narrow
         panels[i] = chips_html(result.rounds, target_model.tokenizer, request.prompt)
@@ -165,7 +172,7 @@ def compare(hub: ModelHub, target, prompt, k, max_new_tokens, *drafts_and_bridge
         return
     yield (*panels, None, None, "measuring the target alone…")
     longest = max(len(r.token_ids) for r in results.values())
-    baseline = _baseline(target_model, request, longest)
+    baseline = _baseline(target_model, request, longest, token.running)
     yield (*panels, comparison_table(results, baseline), comparison_chart(results, baseline),
            f"done: {len(results)} draft(s) and the target alone ({baseline.stats.tokens_per_s:.2f} tokens/s)")
 
@@ -211,10 +218,12 @@ def k_sweep(hub: ModelHub, target, draft, bridge, prompt, max_new_tokens, k_max,
     target_model, draft_model = hub.pair(request.target, request.draft, bridge, progress=progress)
     costs = hub.costs(target_model, draft_model, progress=progress)
     slope = round(verify_slope(costs), 3)
-    baseline = _baseline(target_model, request, request.max_new_tokens)
+    token = StopToken(hub.config.time_limit_s)
+    baseline = _baseline(target_model, request, request.max_new_tokens, token.running)
     sweep, rows, rounds = {"points": [], "verify": costs.target.verify}, [], []
     for k in ks:
-        result = _speculate(target_model, draft_model, DecodeRequest(**{**request.__dict__, "k": k}), costs=costs)
+        result = _speculate(target_model, draft_model, DecodeRequest(**{**request.__dict__, "k": k}), token.running,
+                            costs)
         rounds.extend(result.rounds)
         sweep["points"].append((k, measured_speedup(result.stats, baseline.stats)))
         rows.append({"k": k, "α̂": round(result.stats.acceptance_rate, 3), "c": round(result.stats.cost_ratio, 3),
@@ -225,7 +234,10 @@ def k_sweep(hub: ModelHub, target, draft, bridge, prompt, max_new_tokens, k_max,
         pooled = partial_result(rounds, max(ks), costs).stats
         alpha, c = round(pooled.acceptance_rate, 3), round(costs.draft_cost, 3)
         status = "done" if k == ks[-1] else f"measured k = {k} ({len(sweep['points'])}/{len(ks)})…"
+        status = token.reason if token.stopped else status
         yield theory_figure(alpha, c, slope, k_max, sweep), alpha, c, slope, pd.DataFrame(rows), sweep, status
+        if token.stopped:
+            return
 
 
 def _speculate(target_model, draft_model, request: DecodeRequest, on_round=None, costs=None) -> GenerationResult:
@@ -239,7 +251,8 @@ def _k_span(request: DecodeRequest) -> int:
     return K_AUTO_MAX if request.k == AUTO else request.k
 
 
-def _baseline(target_model, request: DecodeRequest, new_tokens: int) -> GenerationResult:
+def _baseline(target_model, request: DecodeRequest, new_tokens: int, on_round=None) -> GenerationResult:
     """The target alone on the same prompt and settings, for `new_tokens` tokens."""
     return autoregressive_generate(target_model, request.prompt, max_new_tokens=max(1, new_tokens),
-                                   temperature=request.temperature, top_p=request.top_p, seed=request.seed)
+                                   temperature=request.temperature, top_p=request.top_p, seed=request.seed,
+                                   on_round=on_round)

@@ -102,6 +102,10 @@ class ModelHub:
         target = self.target(target_name, progress)
         return target, self.draft(draft_name, target, bridge=bridge, progress=progress)
 
+    def memory(self) -> str:
+        """One status line: the models held and the memory budget they share."""
+        return self.pool.describe()
+
     def _listed(self, name: str) -> bool:
         return not self.config.allowed_models or name in self.config.allowed_models
 

@@ -49,6 +49,7 @@ def build_demo(config: AppConfig, hub: ModelHub | None = None) -> gr.Blocks:
         control = gr.State(RunControl)  # per browser session: the Stop button's handle on its own decode
         sweep_points = gr.State(dict)  # per session: the theory tab's last sweep (points, measured v(n))
         gr.Markdown(INTRO)
+        gr.Markdown(hub.memory, elem_id="memory")  # a callable: read again on every page load
         with gr.Tabs():
             with gr.Tab("Live decode", id="live"):
                 with gr.Row():
@@ -60,7 +61,8 @@ def build_demo(config: AppConfig, hub: ModelHub | None = None) -> gr.Blocks:
                         bridge = gr.Radio(list(BRIDGES), value="auto", label="draft vocabulary",
                                           info="auto: through the text bridge when the tokenizers differ")
                         preset = gr.Dropdown(list(PROMPTS), value=next(iter(PROMPTS)), label="prompt preset")
-                        prompt = gr.Textbox(next(iter(PROMPTS.values())), label="prompt", lines=4, elem_id="prompt")
+                        prompt = gr.Textbox(next(iter(PROMPTS.values())), label="prompt", lines=4, elem_id="prompt",
+                                            info=f"at most {config.max_prompt_chars} characters on this host")
                         k = gr.Dropdown(K_CHOICES, value="auto", label="k: draft tokens per round",
                                         info="auto: chosen each round (0 = a plain target step) from the measured "
                                              "acceptance and what verification costs on this machine")
@@ -133,9 +135,10 @@ def build_demo(config: AppConfig, hub: ModelHub | None = None) -> gr.Blocks:
         # --- events -------------------------------------------------------------------------------
         live_outputs = [chips, table, acceptance_plot, histogram_plot, positions_plot, stats, status]
         preset.change(handlers.preset_prompt, preset, prompt, api_visibility="private")
-        run.click(partial(handlers.live_decode, hub),
-                  [target, draft, bridge, prompt, k, max_new, sampling, temperature, top_p, seed, baseline, control],
-                  live_outputs, api_visibility="private", concurrency_id="decode")
+        queued = run.click(RunControl.queued, control, None, api_visibility="private", queue=False)  # Stop keeps
+        queued.then(partial(handlers.live_decode, hub),  # working while the decode waits in the queue
+                    [target, draft, bridge, prompt, k, max_new, sampling, temperature, top_p, seed, baseline, control],
+                    live_outputs, api_visibility="private", concurrency_id="decode")
         stop_button.click(handlers.stop, control, status, api_visibility="private", concurrency_limit=None)
         compare_run.click(partial(handlers.compare, hub),
                           [compare_target, compare_prompt, compare_k, compare_new, *compare_inputs],
@@ -154,7 +157,7 @@ def build_demo(config: AppConfig, hub: ModelHub | None = None) -> gr.Blocks:
             return handlers.speculate(hub, target, draft, prompt, k, max_new_tokens, temperature, seed)
 
         gr.api(speculate, api_name="speculate", concurrency_id="decode")
-    demo.queue(default_concurrency_limit=config.concurrency)
+    demo.queue(default_concurrency_limit=config.concurrency, max_size=config.queue_size)
     return demo
 
 

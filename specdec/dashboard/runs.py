@@ -2,11 +2,13 @@
 
 The engine calls `on_round` after every round; the decode runs in a worker thread whose rounds
 reach the (generator) handler through a queue, so the page updates while the target verifies.
-Stop sets the session's `StopToken`; `on_round` then returns False and the engine ends cleanly
-after the current round (result.stopped_early = True).
+Stop sets the session's `StopToken`, and so does the host's time limit once it passes; `on_round`
+then returns False and the engine ends cleanly after the current round (result.stopped_early = True).
+The worker hands any error (BaseException included) to the consumer, so a slot is always released.
 """
 from __future__ import annotations
 
+import math
 import queue
 import threading
 import time
@@ -22,6 +24,8 @@ from .config import K_RANGE, AppConfig
 AUTO = "auto"  # the k that lets the engine choose per round
 
 UPDATE_INTERVAL_S = 1.0  # at most one page update a second: rendering shares the CPU (and the GIL) with the decode
+TEMPERATURE_RANGE = (0.01, 10.0)  # sampling temperatures besides 0 (below 0.01, logits / T overflow to NaN)
+SEED_MAX = 2**53  # largest seed: every JSON client (JavaScript included) holds it exactly
 
 
 @dataclass
@@ -39,15 +43,27 @@ class DecodeRequest:
 
     def checked(self, config: AppConfig) -> "DecodeRequest":
         """Self, or a ValueError saying which input to change."""
-        if not self.prompt or not self.prompt.strip():
+        if not isinstance(self.prompt, str):
+            raise ValueError(f"prompt must be text, got {type(self.prompt).__name__}")
+        if not self.prompt.strip():
             raise ValueError("empty prompt: type a prompt or pick a preset")
+        if len(self.prompt) > config.max_prompt_chars:
+            raise ValueError(f"prompt is {len(self.prompt)} characters; this host takes at most "
+                             f"{config.max_prompt_chars} (SPECDEC_MAX_PROMPT_CHARS)")
+        if _unencodable(self.prompt):
+            raise ValueError("prompt is not valid Unicode text (it has unpaired surrogates)")
         if self.k != AUTO and (not isinstance(self.k, int) or not K_RANGE[0] <= self.k <= K_RANGE[1]):
             raise ValueError(f"k must be 'auto' or an integer in {K_RANGE[0]}..{K_RANGE[1]}, got {self.k!r}")
         if not isinstance(self.max_new_tokens, int) or not 1 <= self.max_new_tokens <= config.max_new_tokens_cap:
             raise ValueError(f"max new tokens must be an integer in 1..{config.max_new_tokens_cap} on this host "
                              f"(SPECDEC_MAX_NEW_TOKENS), got {self.max_new_tokens!r}")
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if self.temperature != 0 and not TEMPERATURE_RANGE[0] <= self.temperature <= TEMPERATURE_RANGE[1]:
+            raise ValueError(f"temperature must be 0 (greedy) or in {TEMPERATURE_RANGE[0]}..{TEMPERATURE_RANGE[1]}, "
+                             f"got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top-p must be in (0, 1], got {self.top_p}")
+        if self.seed is not None and not 0 <= self.seed <= SEED_MAX:
+            raise ValueError(f"seed must be an integer in 0..{SEED_MAX} (2**53), got {self.seed}")
         return self
 
     @classmethod
@@ -55,30 +71,49 @@ class DecodeRequest:
         """From UI / API values (numbers may arrive as floats; a blank seed means random)."""
         k = AUTO if str(k).strip().lower() == AUTO else _as_int(k, "k")
         return cls(str(target or "").strip(), str(draft or "").strip(), prompt or "", k,
-                   _as_int(max_new_tokens, "max new tokens"), float(temperature or 0.0), float(top_p or 1.0),
+                   _as_int(max_new_tokens, "max new tokens"), _as_float(temperature or 0.0, "temperature"),
+                   _as_float(1.0 if top_p is None else top_p, "top-p"),
                    None if seed is None or seed == "" else _as_int(seed, "seed"))
 
 
 class StopToken:
-    """Stop flag of one decode; the Stop button sets it, `on_round` reads it."""
+    """Stop flag of one request's decodes; the Stop button or the time limit sets it, `running` reads it."""
 
-    def __init__(self):
-        self.stopped = False  # True once Stop was pressed (or the page went away)
+    def __init__(self, time_limit_s: float | None = None):
+        self.stopped = False  # True once Stop was pressed, the page went away or the time limit passed
+        self.reason = "stopped by you"  # what the status line says when stopped
+        self.deadline = None if time_limit_s is None else time.monotonic() + time_limit_s  # monotonic seconds
+
+    def running(self, _round: Round | None = None) -> bool:
+        """The engine's `on_round`: False once stopped (the time limit is checked here)."""
+        if not self.stopped and self.deadline is not None and time.monotonic() > self.deadline:
+            self.stopped, self.reason = True, "stopped at this host's time limit (SPECDEC_TIME_LIMIT_S)"
+        return not self.stopped
 
 
 class RunControl:
     """A browser session's handle on its decode in flight (lives in a gr.State: one per session)."""
 
     def __init__(self):
-        self.token = StopToken()  # the current decode's stop flag
+        self.token = StopToken()  # the current request's stop flag
+        self.waiting = False  # a request of this session is in the queue, not started yet
+        self.stopped_while_waiting = False  # Stop was pressed during that wait
 
-    def start(self) -> StopToken:
-        """A fresh flag for a new decode (an older decode keeps its own)."""
-        self.token = StopToken()
+    def queued(self) -> None:
+        """Run was clicked (called at once, before the request waits in the queue)."""
+        self.waiting, self.stopped_while_waiting = True, False
+
+    def start(self, time_limit_s: float | None = None) -> StopToken:
+        """A fresh flag for a starting request (already set if Stop came while it was queued)."""
+        self.token = StopToken(time_limit_s)
+        if self.stopped_while_waiting:
+            self.token.stopped, self.token.reason = True, "stopped by you before it started"
+        self.waiting = self.stopped_while_waiting = False
         return self.token
 
     def stop(self) -> None:
         self.token.stopped = True
+        self.stopped_while_waiting = self.waiting
 
 
 def stream(decode: Callable[[Callable[[Round], bool]], GenerationResult], token: StopToken,
@@ -91,12 +126,12 @@ def stream(decode: Callable[[Callable[[Round], bool]], GenerationResult], token:
 
     def on_round(round_: Round) -> bool:
         events.put(round_)
-        return not token.stopped
+        return token.running()
 
     def work() -> None:
         try:
             events.put(decode(on_round))
-        except Exception as error:  # noqa: BLE001 - handed to the consumer thread, which re-raises it
+        except BaseException as error:  # noqa: BLE001 - handed to the consumer thread, which re-raises it
             events.put(error)
 
     threading.Thread(target=work, daemon=True, name="specdec-decode").start()
@@ -105,7 +140,7 @@ def stream(decode: Callable[[Callable[[Round], bool]], GenerationResult], token:
     try:
         while True:
             item = events.get()
-            if isinstance(item, Exception):
+            if isinstance(item, BaseException):
                 raise item
             if isinstance(item, GenerationResult):
                 yield item
@@ -126,10 +161,40 @@ def partial_result(rounds: list[Round], k: int | str, costs: CostModel | None = 
 
 
 def _as_int(value, name: str) -> int:
+    """An exact integer (ints and integer strings are never rounded through a float); else a ValueError."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("+-").isdigit() and len(value) < 40:
+        return int(value)
     try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be an integer, got {value!r}") from None
-    if number != int(number):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
+        number = _as_float(value, name)
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number) or number != int(number):
+        raise ValueError(f"{name} must be an integer, got {_shown(value)}")
     return int(number)
+
+
+def _as_float(value, name: str) -> float:
+    """A finite float from a number or a numeric string; else a ValueError naming the input."""
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError, OverflowError):
+        number = math.nan
+    if not math.isfinite(number):
+        raise ValueError(f"{name} must be a finite number, got {_shown(value)}")
+    return number
+
+
+def _shown(value) -> str:
+    """`value` for an error message, cut short (a visitor may send megabytes)."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:40] + "…"
+
+
+def _unencodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False

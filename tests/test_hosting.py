@@ -1,0 +1,126 @@
+"""A hosted dashboard's limits, without a server: API inputs fuzzed (each bad one is one clear ValueError),
+the time limit and Stop while queued, a worker that always releases its slot, custom models only on loopback."""
+from __future__ import annotations
+
+import math
+import threading
+
+import gradio as gr
+import pytest
+
+from specdec.dashboard import handlers
+from specdec.dashboard.config import AppConfig
+from specdec.dashboard.hub import ModelHub
+from specdec.dashboard.runs import SEED_MAX, DecodeRequest, RunControl, StopToken, stream
+from specdec.models import ModelPool
+from tiny_models import write_tiny_models
+
+CONFIG = AppConfig(max_new_tokens_cap=16, max_prompt_chars=200)
+GOOD = dict(target="t", draft="d", prompt="hello", k=3, max_new_tokens=8, temperature=0.0, top_p=1.0, seed=0)
+BAD = [  # (field, value, words of the one-line message)
+    ("temperature", 1e-40, "temperature must be 0"), ("temperature", -1, "temperature must be 0"),
+    ("temperature", math.nan, "temperature must be a finite number"), ("temperature", "inf", "finite number"),
+    ("temperature", 1e308 * 10, "finite number"), ("temperature", "warm", "finite number"),
+    ("temperature", [0.5], "finite number"), ("temperature", 11, "temperature must be 0"),
+    ("seed", 10**30, "seed must be an integer in 0..9007199254740992"), ("seed", 2**53 + 1, "seed must be"),
+    ("seed", -1, "seed must be"), ("seed", 1.5, "seed must be an integer"),
+    ("seed", "1e400", "seed must be an integer"),
+    ("seed", "9" * 5000, "seed must be an integer"), ("seed", True, "seed must be an integer"),
+    ("prompt", 12345, "prompt must be text"), ("prompt", {"a": 1}, "prompt must be text"),
+    ("prompt", "x" * 201, "prompt is 201 characters; this host takes at most 200"),
+    ("prompt", "   \n\t", "empty prompt"), ("prompt", "bad \ud800 half", "not valid Unicode"),
+    ("k", 10**30, "k must be"), ("k", "many", "k must be an integer"), ("k", math.inf, "k must be an integer"),
+    ("k", 0, "k must be"), ("k", None, "k must be an integer"),
+    ("max_new_tokens", 10**9, "max new tokens must be an integer in 1..16"), ("max_new_tokens", -3, "1..16"),
+    ("max_new_tokens", 2.5, "max new tokens must be an integer"),
+    ("max_new_tokens", "", "max new tokens must be an integer"),
+    ("top_p", 0, "top-p must be in"), ("top_p", 1.5, "top-p must be in"), ("top_p", "nan", "finite number"),
+]
+ACCEPTED = [("seed", SEED_MAX), ("seed", str(2**53)), ("seed", None), ("seed", ""), ("k", "auto"), ("k", " AUTO "),
+            ("k", 4.0), ("temperature", 0.01), ("temperature", "0.7"), ("prompt", "今天天气 🌤 naïve ∑"),
+            ("prompt", "x" * 200), ("max_new_tokens", "16")]
+
+
+def request(**changes) -> DecodeRequest:
+    return DecodeRequest.from_inputs(**{**GOOD, **changes}).checked(CONFIG)
+
+
+@pytest.mark.parametrize("field, value, message", BAD)
+def test_each_bad_input_is_one_clear_value_error(field, value, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")) as error:
+        request(**{field: value})
+    assert "\n" not in str(error.value) and len(str(error.value)) < 200
+
+
+@pytest.mark.parametrize("field, value", ACCEPTED)
+def test_good_inputs_are_kept_exactly(field, value):
+    checked = request(**{field: value})
+    if field == "seed" and value not in (None, ""):
+        assert checked.seed == int(value)  # never rounded through a float
+
+
+def test_the_time_limit_and_stop_while_queued():
+    token = StopToken(time_limit_s=0.0)
+    assert not token.running() and "time limit" in token.reason
+    control = RunControl()
+    control.queued()
+    control.stop()  # pressed while the request waited
+    assert control.start().stopped and "before it started" in control.token.reason
+    assert not control.start().stopped  # the next request is not affected
+    control.stop()  # pressed with nothing queued: only the current flag
+    assert control.token.stopped and not control.start().stopped
+
+
+def test_a_worker_killed_by_a_base_exception_still_releases_the_consumer():
+    def decode(on_round):
+        raise KeyboardInterrupt  # not an Exception: used to leave the consumer waiting forever
+    done = []
+    thread = threading.Thread(target=lambda: done.append(pytest.raises(KeyboardInterrupt, list,
+                                                                        stream(decode, StopToken()))))
+    thread.start()
+    thread.join(10)
+    assert done and not thread.is_alive()
+
+
+@pytest.mark.parametrize("host, allowed", [("127.0.0.1", True), ("127.3.4.5", True), ("localhost", True),
+                                           ("::1", True), ("0.0.0.0", False), ("192.168.1.9", False), ("::", False)])
+def test_custom_models_are_allowed_by_default_only_on_a_loopback_host(host, allowed):
+    assert AppConfig.from_env({"SPECDEC_HOST": host}).allow_custom_models is allowed
+    assert AppConfig.from_env({"SPECDEC_HOST": host, "SPECDEC_ALLOW_CUSTOM_MODELS": "1"}).allow_custom_models
+
+
+def test_limits_are_read_from_the_environment():
+    config = AppConfig.from_env({"SPECDEC_MAX_PROMPT_CHARS": "99", "SPECDEC_QUEUE_SIZE": "3",
+                                 "SPECDEC_TIME_LIMIT_S": "7"})
+    assert (config.max_prompt_chars, config.queue_size, config.time_limit_s) == (99, 3, 7)
+    with pytest.raises(ValueError, match="SPECDEC_QUEUE_SIZE"):
+        AppConfig.from_env({"SPECDEC_QUEUE_SIZE": "0"})
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    paths = write_tiny_models(tmp_path_factory.mktemp("tiny"), context=256)
+    return ModelHub(CONFIG, pool=ModelPool(budget_bytes=10**9)), paths
+
+
+@pytest.mark.parametrize("field, value, message", [b for b in BAD[::3] if b[0] != "top_p"])
+def test_the_api_handler_refuses_bad_input_as_a_gr_error(tiny, field, value, message):
+    hub, paths = tiny
+    inputs = {**GOOD, "target": paths["target"], "draft": paths["draft"], field: value}
+    inputs.pop("top_p")
+    with pytest.raises(gr.Error, match=message.replace("(", r"\(")):
+        handlers.speculate(hub, *inputs.values())
+
+
+def test_the_api_handler_stops_at_the_time_limit(tiny):
+    hub, paths = tiny
+    limited = ModelHub(AppConfig(max_new_tokens_cap=16, time_limit_s=0), pool=hub.pool)
+    result = handlers.speculate(limited, paths["target"], paths["draft"], "hello", 1, 16, 0.0, 0)
+    assert result["stopped_early"] and len(result["rounds"]) == 1
+
+
+def test_the_compare_error_panel_escapes_names_and_messages(tiny):
+    hub, paths = tiny
+    *_, (panel, _table, _chart, _status) = handlers.compare(hub, paths["target"], "hello", 2, 4,
+                                                            "<img src=x onerror=alert(1)>", "as is")
+    assert "<img" not in panel and "&lt;img" in panel
