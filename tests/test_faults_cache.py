@@ -84,3 +84,12 @@ def test_stale_partials_of_dead_processes_are_removed_at_start(tiny_gguf):
     kill_at(CONVERT.format(path=str(path)), "specdec.models.cache.mark_ready")
     assert len(partials()) == 1
     assert cache.clean_stale() == 1 and partials() == []
+
+
+def test_a_partial_whose_writer_holds_the_lock_is_kept():
+    final = cache.converted_dir("live", "float32")
+    with cache.locked(final):
+        partial = final.with_name(f"{final.name}.partial-1-1")
+        partial.mkdir(parents=True)
+        assert cache.clean_stale() == 0 and partial.is_dir()
+    assert cache.clean_stale() == 1 and not partial.exists()

