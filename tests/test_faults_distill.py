@@ -117,3 +117,11 @@ def test_a_continuation_line_cut_by_a_kill_is_generated_again(tmp_path):
     partial.parent.mkdir()
     partial.write_text(done.read_text().splitlines()[0] + "\n" + done.read_text()[:7])  # second line half-written
     assert cached_examples(target, [[3, 4], [5, 6]], tmp_path / "b", max_new_tokens=4) == whole
+
+
+def test_a_suite_that_is_not_utf8_is_named_in_the_error(tmp_path, capsys):
+    suite = tmp_path / "latin1.txt"
+    suite.write_bytes("café au lait\n".encode("latin-1"))
+    assert main(["probe", "--target", "./no-such-dir", "--draft", "lookup", "--prompts", str(suite)]) == 1
+    err = capsys.readouterr().err
+    assert str(suite) in err and "not UTF-8" in err
