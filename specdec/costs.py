@@ -32,6 +32,7 @@ from .drafters import Drafter, NoDraft, SamplingPolicy, as_drafter
 from .inputs import unwrap, vocab_size
 from .kv import CachedLM
 from .limits import K_AUTO_MAX
+from .models.quant import is_quantized
 
 CONTEXT_TOKENS = 64  # tokens in the cache before each timed forward (a short prompt plus some output)
 REPEATS = 3  # timed forwards per size; the median is kept
@@ -57,11 +58,12 @@ class CostModel:
     measured_now: bool = False  # True when this object came from a fresh measurement, not the cache
 
     def v(self, n: int) -> float:
-        """v(n); beyond the calibrated sizes, extended linearly from the last two points."""
+        """v(n); beyond the calibrated sizes, extended linearly from the last two points (never downwards:
+        a noisy last point must not price long verifications below zero)."""
         curve = self.target.verify
         if n <= len(curve):
             return curve[max(n, 1) - 1]
-        slope = curve[-1] - curve[-2] if len(curve) > 1 else 0.0
+        slope = max(curve[-1] - curve[-2], 0.0) if len(curve) > 1 else 0.0
         return curve[-1] + slope * (n - len(curve))
 
     def round_cost(self, drafted: int, draft_forwards: int) -> float:
@@ -154,12 +156,12 @@ def _context(model: torch.nn.Module, length: int) -> list[int]:
 def _identity(model_or_loaded) -> str:
     """Name, folder and dtype of a LoadedModel; config hash, size and dtype of a bare module."""
     model, _ = unwrap(model_or_loaded, None)
-    parameter = next(model.parameters())
+    dtype = f"{next(model.parameters()).dtype}{'|int8' if is_quantized(model) else ''}"
     if hasattr(model_or_loaded, "path"):
-        return f"{model_or_loaded.name}|{model_or_loaded.path}|{parameter.dtype}"
+        return f"{model_or_loaded.name}|{model_or_loaded.path}|{dtype}"
     config = model.config.to_json_string(use_diff=False)
     size = sum(p.numel() for p in model.parameters())
-    return f"module|{hashlib.sha256(config.encode()).hexdigest()[:16]}|{size}|{parameter.dtype}"
+    return f"module|{hashlib.sha256(config.encode()).hexdigest()[:16]}|{size}|{dtype}"
 
 
 def _drafter_identity(draft, drafter) -> str:

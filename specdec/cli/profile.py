@@ -31,7 +31,7 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    target = load_model(args.target, dtype=args.dtype)
+    target = load_model(args.target, dtype=args.dtype, quant=args.quant)
     draft = load_draft(args.draft, target) if args.draft else None
     costs = calibrate(target, draft, recalibrate=args.recalibrate)
     source = "measured now" if costs.measured_now else "cached; --recalibrate measures again"

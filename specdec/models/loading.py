@@ -24,6 +24,7 @@ from . import cache, convert, entries, hub
 from .cache import Progress
 from .speed import apply_speed_levers
 
+QUANTS = ("none", "int8")  # --quant choices: "int8" is specdec.models.quant's row-invariant path
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 
@@ -36,9 +37,14 @@ class LoadedModel:
     tokenizer: object  # its transformers tokenizer
     source: str  # where the weights were read from this time: cache/package/folder/gguf/hub/modelscope
     path: Path  # the local folder (or .gguf file) the weights came from
-    dtype: str  # "float32" or "bfloat16"
+    dtype: str  # "float32", "bfloat16", or "int8" (float32 weights quantized by quant.quantize_int8)
     device: str = "cpu"  # torch device the weights live on
     load_seconds: float = 0.0  # wall time of this load, assembly and conversion included
+
+    @property
+    def quant(self) -> str:
+        """"int8" for the row-invariant integer path (specdec.models.quant), else "none"."""
+        return "int8" if self.dtype == "int8" else "none"
 
     @property
     def memory_bytes(self) -> int:
@@ -77,8 +83,15 @@ def resolve_dtype(dtype="auto", device: str = "cpu") -> str:
 
 
 def load_model(spec: str, *, dtype="auto", device: str = "auto", trust_remote_code: bool = False,
-               progress: Progress | None = None) -> LoadedModel:
-    """Load `spec` (see the module docstring) as a LoadedModel in eval mode."""
+               progress: Progress | None = None, quant: str = "none") -> LoadedModel:
+    """Load `spec` (see the module docstring) as a LoadedModel in eval mode.
+
+    quant="int8" (or dtype="int8"): load float32 on the CPU, then `quantize_int8` it (its dtype reads "int8").
+    """
+    if quant not in QUANTS:
+        raise ValueError(f"quant must be one of {', '.join(QUANTS)}, got {quant!r}")
+    if quant == "int8" or dtype == "int8":
+        return _load_int8(spec, dtype, device, trust_remote_code, progress)
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError("a model spec must be a non-empty string: a catalogue name "
                          f"({', '.join(entries.names())}), a folder, a .gguf file or a hub id")
@@ -89,6 +102,18 @@ def load_model(spec: str, *, dtype="auto", device: str = "auto", trust_remote_co
     model, tokenizer = _from_folder(folder, dtype, device, trust_remote_code)
     apply_speed_levers(model)
     return LoadedModel(name, model, tokenizer, source, folder, dtype, device, time.perf_counter() - start)
+
+
+def _load_int8(spec, dtype, device, trust_remote_code, progress) -> LoadedModel:
+    from .quant import quantize_int8
+
+    if dtype not in ("auto", "float32", "int8", torch.float32) or resolve_device(device) != "cpu":
+        raise ValueError(f"int8 quantizes a float32 CPU load; got dtype {dtype!r} on {resolve_device(device)}")
+    start = time.perf_counter()
+    loaded = load_model(spec, dtype="float32", device="cpu", trust_remote_code=trust_remote_code, progress=progress)
+    quantize_int8(loaded.model)
+    loaded.dtype, loaded.load_seconds = "int8", loaded.load_seconds + time.perf_counter() - start
+    return loaded
 
 
 def prepare(spec: str, *, dtype="auto", device: str = "auto", progress: Progress | None = None) -> tuple[Path, str]:
@@ -196,6 +221,9 @@ def add_model_arguments(parser, *, target_default: str | None = None) -> None:
                              "or modelscope:org/name")
     parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
                         help="weights dtype; auto = bfloat16 on a GPU or a CPU with native bf16 (AVX512-BF16/AMX), else float32")
+    parser.add_argument("--quant", choices=QUANTS, default="none",
+                        help="int8: weights int8 per channel, activations int8 per token, integer GEMMs and per-row "
+                             "attention, so verification is bitwise the one-token steps (CPU; model drafts follow)")
 
 
 def load_draft(spec: str, target: LoadedModel, *, dtype="auto", bridge="auto", device: str = "auto",
@@ -211,7 +239,7 @@ def load_draft(spec: str, target: LoadedModel, *, dtype="auto", bridge="auto", d
     modes = {"auto": "auto", True: "bridge", False: "as is", "naive": "naive"}
     if bridge not in modes:
         raise ValueError(f"bridge must be 'auto', True, False or 'naive', got {bridge!r}")
-    dtype = target.dtype if dtype == "auto" else dtype
+    dtype = target.dtype if dtype == "auto" or target.dtype == "int8" else dtype  # an int8 target: int8 drafts
     load = pool.get if pool is not None else load_model
     return from_spec(spec, target, load=lambda name: load(name, dtype=dtype, device=device, progress=progress),
                      vocabulary=modes[bridge])

@@ -1,0 +1,124 @@
+"""An int8 CPU path in which every row of a forward is computed bitwise as if it were alone.
+
+Why: greedy speculative decoding is lossless only if the target's verification forward over n tokens
+gives, row for row, the logits that n one-token steps give. In float32 and bf16 it does not (a GEMM of
+M rows sums in another order than a GEMV), so a near-tie can flip the argmax. Here each op is made
+row-invariant instead (issue 12; docs in /work/shared/MEASURED.md "Kernels on this CPU"):
+
+- `Int8Linear`: weights int8 per output channel (scale = max|w_row| / 127), activations int8 per ROW
+  (per token: scale = max|x_row| / 127), `torch._int_mm` with int32 accumulation (integer sums are exact in
+  any order), then y = acc * x_scale[:, None] * w_scale[None, :] (+ bias) elementwise. Row i depends on x[i]
+  only. (One activation scale per tensor, as in fbgemm's dynamic quantization, couples the rows.)
+- `rowwise_attention`: each query row attends to its own causal slice of keys/values with the same SDPA
+  call a one-token step makes, so a verification row is the one-token step's row.
+- Embedding lookup, RMSNorm (a reduction inside each row), rotary (elementwise), SiLU and residual adds are
+  row-invariant as they are (tests/test_quant.py checks each and the whole forward, n = 1..8).
+
+So greedy speculative output with an int8 target equals that int8 target alone, by construction. The
+int8 target is a different target from the float32 one: report which one a run verifies against.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+from transformers.pytorch_utils import Conv1D
+
+ROWWISE_ATTENTION = "specdec_rowwise"  # name of rowwise_attention in transformers' attention interface
+INT8_MAX = 127  # symmetric range [-127, 127]: -128 is never used, so negation is exact
+TINY = torch.finfo(torch.float32).tiny  # scale of an all-zero row (its quantized values are all 0)
+
+
+def _quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] float32 -> (int8 [M, K], scale [M]) with x ≈ q * scale[:, None]; row i depends on x[i] only."""
+    scale = (x.abs().amax(dim=1) / INT8_MAX).clamp_min(TINY)  # [M]
+    return torch.round(x / scale[:, None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8), scale
+
+
+class Int8Linear(torch.nn.Module):
+    """y = x W.T + b with W int8 per output channel, x int8 per row, int32 accumulation (row-invariant)."""
+
+    weight: torch.Tensor  # [out, in] int8 (a buffer: `.weight.shape` still reads as a Linear's)
+    weight_scale: torch.Tensor  # [out] float32: W ≈ weight * weight_scale[:, None]
+    bias: torch.Tensor | None  # [out] float32
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        super().__init__()
+        weight = weight.detach().float()  # [out, in]
+        self.out_features, self.in_features = weight.shape
+        weight_q, weight_scale = _quantize_rows(weight)
+        self.register_buffer("weight", weight_q)
+        self.register_buffer("weight_scale", weight_scale)
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+
+    @classmethod
+    def from_module(cls, module: torch.nn.Module) -> "Int8Linear":
+        """From a torch Linear (any subclass) or a transformers Conv1D (whose weight is [in, out])."""
+        weight = module.weight.t() if isinstance(module, Conv1D) else module.weight
+        return cls(weight, module.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)  # [M, in], M = tokens
+        x_q, x_scale = _quantize_rows(rows.float())
+        acc = torch._int_mm(x_q, self.weight.t())  # [M, out] int32, exact
+        y = acc.float() * x_scale[:, None] * self.weight_scale  # [M, out]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def rowwise_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Attention of each query row alone over its causal slice, with the call a one-token step makes.
+
+    query [B, H, n, D]; key, value [B, H_kv, L, D] hold the cache plus the n new positions (L = past + n,
+    a DynamicCache); attention_mask None or bool [B, 1, n, L] (padding; True = attend).
+    Returns (output [B, n, H, D], None) as transformers' attention interface expects.
+    """
+    if dropout:
+        raise ValueError("rowwise_attention is for inference (dropout 0)")
+    n, length = query.shape[2], key.shape[2]
+    gqa = query.shape[1] != key.shape[1]
+    rows = []
+    for i in range(n):
+        end = length - n + i + 1  # row i sees positions 0..past+i
+        mask = None if attention_mask is None else attention_mask[:, :, i:i + 1, :end]  # [B, 1, 1, end]
+        if mask is not None and bool(mask.all()):
+            mask = None  # no padding: the same call as a one-token step without a mask
+        rows.append(F.scaled_dot_product_attention(query[:, :, i:i + 1], key[:, :, :end], value[:, :, :end],
+                                                   attn_mask=mask, scale=scaling, enable_gqa=gqa))  # [B, H, 1, D]
+    return torch.cat(rows, dim=2).transpose(1, 2).contiguous(), None  # [B, n, H, D]
+
+
+AttentionInterface.register(ROWWISE_ATTENTION, rowwise_attention)
+ALL_MASK_ATTENTION_FUNCTIONS.register(ROWWISE_ATTENTION, sdpa_mask)  # a padding mask when there is one
+
+
+def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
+    """Make a float32 CPU causal LM row-invariant in place (see the module docstring) and return it.
+
+    Every Linear (RowsFirstLinear and ColumnMajorHead included) and Conv1D becomes an Int8Linear; the LM head
+    too, and when it is tied to the input embeddings only the head's copy is quantized (the embedding stays
+    float32). Attention becomes `rowwise_attention`.
+    """
+    parameter = next(model.parameters())
+    if parameter.dtype != torch.float32 or parameter.device.type != "cpu":
+        raise ValueError(f"quantize_int8 takes a float32 CPU model, got {parameter.dtype} on {parameter.device}")
+    targets = [(name, module) for name, module in model.named_modules()
+               if isinstance(module, (torch.nn.Linear, Conv1D))]
+    for name, module in targets:
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), child, Int8Linear.from_module(module))
+    model.config.tie_word_embeddings = False  # the head is its own (int8) copy now
+    for config in (model.config, *[getattr(model.config, key) for key in model.config.sub_configs]):
+        if config is not None:
+            config._attn_implementation = ROWWISE_ATTENTION
+    return model
+
+
+def is_quantized(model: torch.nn.Module) -> bool:
+    """Whether `model` runs the int8 row-invariant path."""
+    return any(isinstance(module, Int8Linear) for module in model.modules())

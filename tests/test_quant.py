@@ -1,0 +1,229 @@
+"""The int8 path (specdec.models.quant) is row-invariant: a verification forward over n tokens gives, bit for
+bit, the logits of n one-token steps, so greedy speculative output equals the int8 target alone, near-ties
+included."""
+import copy
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from specdec import autoregressive_generate, speculative_generate
+from specdec.kv import CachedLM
+from specdec.models import apply_speed_levers, load_draft, load_model
+from specdec.models.quant import ROWWISE_ATTENTION, Int8Linear, quantize_int8, rowwise_attention
+from specdec.testing import perturbed_copy, tiny_config, tiny_folder, tiny_model
+from specdec.trace import ROUNDING_NOISE
+
+ARCHS = ("llama", "qwen2", "gpt2")
+CONTEXT = [1, 5, 9, 33, 17, 60, 4]
+PROMPT = [1, 5, 9, 33, 17, 60, 4]
+
+
+def rows_alone_equal(op, x: torch.Tensor) -> bool:
+    """Whether op(x)[..., i, :] == op(x[..., i:i+1, :]) bitwise for every row i (x [1, M, H])."""
+    together = op(x)
+    return all(torch.equal(together[:, i:i + 1], op(x[:, i:i + 1])) for i in range(x.shape[1]))
+
+
+def quantized(arch: str, seed: int = 0, **config) -> torch.nn.Module:
+    model = tiny_model(arch, seed, **config)
+    apply_speed_levers(model)  # RowsFirstLinear / ColumnMajorHead, as load_model leaves them
+    return quantize_int8(model)
+
+
+@pytest.mark.parametrize("shape", [(48, 64), (200, 96), (8960 // 8, 1536 // 4)])
+def test_int8_linear_row_i_of_m_rows_is_row_i_alone(shape):
+    torch.manual_seed(0)
+    layer = Int8Linear(torch.randn(shape), torch.randn(shape[0]))
+    for rows in range(1, 10):
+        x = torch.randn(1, rows, shape[1]) * torch.logspace(-2, 2, rows)[None, :, None]  # rows of other scales
+        assert rows_alone_equal(layer, x)
+    x = torch.randn(5, shape[1])
+    reference = torch.nn.functional.linear(x, layer.weight.float() * layer.weight_scale[:, None], layer.bias)
+    assert torch.allclose(layer(x), reference, rtol=0.05, atol=0.05 * reference.abs().max().item())
+
+
+def test_int8_linear_zero_row_gives_bias():
+    layer = Int8Linear(torch.randn(8, 16), torch.arange(8.0))
+    assert torch.equal(layer(torch.zeros(2, 16)), torch.arange(8.0).expand(2, 8))
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_every_linear_becomes_int8_and_a_tied_head_is_untied(tied):
+    config = tiny_config("qwen2")
+    config.tie_word_embeddings = tied
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    apply_speed_levers(model)
+    embedding = model.get_input_embeddings().weight.detach().clone()
+    assert (model.get_output_embeddings().weight is model.get_input_embeddings().weight) == tied
+    quantize_int8(model)
+    assert not [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    head = model.get_output_embeddings()
+    assert isinstance(head, Int8Linear) and head.weight.shape == (128, 64) and head.weight.dtype == torch.int8
+    assert torch.equal(model.get_input_embeddings().weight, embedding)  # the embedding stays float32, unchanged
+    assert model.config._attn_implementation == ROWWISE_ATTENTION
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_each_op_is_row_invariant(arch):
+    """RMSNorm, rotary, the SiLU MLP, residual adds and attention: rows together equal rows alone."""
+    model = quantized(arch)
+    layer, base = model.model.layers[0], model.model
+    torch.manual_seed(0)
+    x = torch.randn(1, 8, 64) * 3  # [B, n, hidden]
+    assert rows_alone_equal(layer.input_layernorm, x)
+    assert rows_alone_equal(base.norm, x)
+    assert rows_alone_equal(layer.mlp, x)  # gate/up/down Int8Linear and SiLU
+    assert rows_alone_equal(lambda h: h + layer.mlp(h), x)  # residual
+    assert rows_alone_equal(layer.mlp.act_fn, x)
+    positions = torch.arange(20, 28)[None]  # [1, n]: positions after a 20-token context
+    cos, sin = base.rotary_emb(x, positions)  # [1, n, head_dim]
+    for i in range(8):
+        cos_i, sin_i = base.rotary_emb(x[:, i:i + 1], positions[:, i:i + 1])
+        assert torch.equal(cos[:, i:i + 1], cos_i) and torch.equal(sin[:, i:i + 1], sin_i)
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+    q = torch.randn(1, 4, 8, 16)  # [B, H, n, head_dim]
+    q_rot, _ = apply_rotary_pos_emb(q, q, cos, sin)
+    for i in range(8):
+        q_i, _ = apply_rotary_pos_emb(q[:, :, i:i + 1], q[:, :, i:i + 1], cos[:, i:i + 1], sin[:, i:i + 1])
+        assert torch.equal(q_rot[:, :, i:i + 1], q_i)
+
+
+@pytest.mark.parametrize("length", [1, 30, 600])
+def test_rowwise_attention_rows_equal_one_token_steps(length):
+    torch.manual_seed(length)
+    n, heads, kv_heads, dim = 8, 12, 2, 128
+    query = torch.randn(1, heads, n, dim)  # [B, H, n, D]
+    key, value = torch.randn(2, 1, kv_heads, length + n, dim)  # [B, H_kv, past + n, D]
+    module = torch.nn.Module()
+    together, _ = rowwise_attention(module, query, key, value, None, scaling=dim ** -0.5)  # [B, n, H, D]
+    for i in range(n):
+        end = length + i + 1
+        step, _ = rowwise_attention(module, query[:, :, i:i + 1].clone(), key[:, :, :end].clone(),
+                                    value[:, :, :end].clone(), None, scaling=dim ** -0.5)
+        assert torch.equal(together[:, i:i + 1], step)
+    causal = torch.ones(n, length + n, dtype=torch.bool).tril(length)[None, None]  # a full mask changes nothing
+    assert torch.equal(rowwise_attention(module, query, key, value, causal, scaling=dim ** -0.5)[0], together)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_forward_of_n_tokens_equals_n_one_token_steps(arch):
+    model = quantized(arch)
+    for n in range(1, 9):
+        new = [(7 * j + 3) % 100 + 4 for j in range(n)]
+        batched, stepwise = CachedLM(model), CachedLM(model)
+        batched.forward(CONTEXT)
+        stepwise.forward(CONTEXT)
+        together = batched.forward(new, logits_to_keep=n)[0]  # [n, V]
+        alone = torch.cat([stepwise.forward([token])[0] for token in new])  # [n, V]
+        assert torch.equal(together, alone), f"n={n}"
+
+
+def test_forward_is_row_invariant_at_qwen_1p5b_widths():
+    """One layer at the 1.5B target's widths (hidden 1536, 12 heads of 128, 2 KV heads, MLP 8960), 300 cached."""
+    from transformers import Qwen2Config
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=512, hidden_size=1536, intermediate_size=8960, num_hidden_layers=1,
+                         num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True)
+    model = quantize_int8(AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval())
+    context = [(7919 * i) % 500 + 5 for i in range(300)]
+    new = [(7 * j + 3) % 400 + 4 for j in range(8)]
+    batched, stepwise = CachedLM(model), CachedLM(model)
+    batched.forward(context)
+    stepwise.forward(context)
+    assert torch.equal(batched.forward(new, logits_to_keep=8)[0],
+                       torch.cat([stepwise.forward([token])[0] for token in new]))
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def pair(request):
+    target = tiny_model(request.param, seed=0)
+    draft = perturbed_copy(target, noise=0.3)
+    return quantize_int8(target), quantize_int8(draft)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 7])
+def test_greedy_speculative_equals_int8_target_alone(pair, k):
+    target, draft = pair
+    alone = autoregressive_generate(target, PROMPT, max_new_tokens=37, eos_token_id=[]).token_ids
+    for drafter in (draft, target):  # partial acceptance; everything accepted
+        result = speculative_generate(target, drafter, PROMPT, k=k, max_new_tokens=37, eos_token_id=[])
+        assert result.token_ids == alone
+
+
+def near_tie_model(arch: str):
+    """An int8 model whose head row `b` is row `a` scaled by (1 + 2^-21): wherever a or b leads, the two
+    logits differ by ~2^-21 relative, far below float32 rounding noise (trace.ROUNDING_NOISE, 2^-14)."""
+    model = tiny_model(arch, seed=0)
+    alone = autoregressive_generate(quantize_int8(copy.deepcopy(model)), PROMPT, max_new_tokens=40,
+                                    eos_token_id=[]).token_ids
+    a = max(set(alone), key=alone.count)  # the target's most frequent token
+    b = next(t for t in range(4, 128) if t not in alone)
+    with torch.no_grad():
+        head = model.get_output_embeddings().weight
+        head[b] = head[a] * (1 + 2 ** -21)
+    return quantize_int8(model), a, b
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_greedy_identity_holds_at_a_constructed_near_tie(arch):
+    target, a, b = near_tie_model(arch)
+    draft = quantize_int8(perturbed_copy(tiny_model(arch, seed=0), noise=0.2))
+    alone = autoregressive_generate(target, PROMPT, max_new_tokens=40, eos_token_id=[]).token_ids
+    ties = 0
+    lm = CachedLM(target)
+    lm.forward(PROMPT[:-1])
+    for position, token in enumerate(alone):  # every position where a or b won: a genuine near-tie
+        logits = lm.forward([(PROMPT + alone)[len(PROMPT) - 1 + position]])[0][0]  # [V]
+        if token in (a, b):
+            top2 = logits.topk(2)
+            assert set(top2.indices.tolist()) == {a, b}
+            gap = (top2.values[0] - top2.values[1]).item()
+            assert gap < ROUNDING_NOISE["float32"] * top2.values[0].abs().item()
+            ties += 1
+    assert ties >= 3
+    for k in (1, 3, 5, 8):
+        for drafter in (draft, target):
+            result = speculative_generate(target, drafter, PROMPT, k=k, max_new_tokens=40, eos_token_id=[])
+            assert result.token_ids == alone, f"k={k}"
+
+
+def test_the_near_tie_catches_a_row_coupled_quantizer(monkeypatch):
+    """Control: with ONE activation scale per tensor (fbgemm's dynamic int8), the same near-tie diverges."""
+    import specdec.models.quant as quant
+
+    target, _, _ = near_tie_model("llama")  # weights quantized per row before the patch
+    draft = quantize_int8(perturbed_copy(tiny_model("llama", seed=0), noise=0.2))
+
+    def per_tensor(x):  # x [M, K] -> one scale for all M rows
+        scale = (x.abs().amax() / quant.INT8_MAX).clamp_min(quant.TINY).expand(x.shape[0])  # [M]
+        return torch.round(x / scale[:, None]).clamp_(-quant.INT8_MAX, quant.INT8_MAX).to(torch.int8), scale
+
+    monkeypatch.setattr(quant, "_quantize_rows", per_tensor)
+    alone = autoregressive_generate(target, PROMPT, max_new_tokens=40, eos_token_id=[]).token_ids
+    diverged = [speculative_generate(target, drafter, PROMPT, k=k, max_new_tokens=40, eos_token_id=[]).token_ids
+                != alone for k in (1, 3, 5, 8) for drafter in (draft, target)]
+    assert any(diverged)
+
+
+def test_load_model_int8_and_quant_argument(tmp_path):
+    folder = tiny_folder(tmp_path / "tiny", seed=0)
+    loaded = load_model(str(folder), quant="int8", device="cpu")
+    assert loaded.dtype == "int8" and loaded.quant == "int8"
+    assert isinstance(loaded.model.get_output_embeddings(), Int8Linear)
+    draft = load_draft(str(folder), loaded)  # a model draft follows the int8 target
+    assert draft.dtype == "int8" and isinstance(draft.model.get_output_embeddings(), Int8Linear)
+    plain = load_model(str(folder), dtype="float32", device="cpu")
+    assert plain.quant == "none"
+    with pytest.raises(ValueError, match="quant"):
+        load_model(str(folder), quant="int4")
+    with pytest.raises(ValueError, match="float32"):
+        load_model(str(folder), quant="int8", dtype="bfloat16")
+
+    import argparse
+    from specdec.models import add_model_arguments
+    parser = argparse.ArgumentParser()
+    add_model_arguments(parser)
+    assert parser.parse_args(["--target", "x", "--quant", "int8"]).quant == "int8"
+    assert parser.parse_args(["--target", "x"]).quant == "none"
