@@ -58,11 +58,12 @@ class CostModel:
     measured_now: bool = False  # True when this object came from a fresh measurement, not the cache
 
     def v(self, n: int) -> float:
-        """v(n); beyond the calibrated sizes, extended linearly from the last two points."""
+        """v(n); beyond the calibrated sizes, extended linearly from the last two points (never downwards:
+        a noisy last point must not price long verifications below zero)."""
         curve = self.target.verify
         if n <= len(curve):
             return curve[max(n, 1) - 1]
-        slope = curve[-1] - curve[-2] if len(curve) > 1 else 0.0
+        slope = max(curve[-1] - curve[-2], 0.0) if len(curve) > 1 else 0.0
         return curve[-1] + slope * (n - len(curve))
 
     def round_cost(self, drafted: int, draft_forwards: int) -> float:

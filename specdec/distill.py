@@ -252,8 +252,9 @@ class TargetLabeller:
             extra = length - t.shape[1]
             return torch.cat([t, t[:, -1:].expand(1, extra, *t.shape[2:])], dim=1) if extra else t
         log_probs = torch.cat([pad(r[0].log_probs) for r in rows])
-        ids = torch.cat([pad(r[0].ids) for r in rows])
-        rest = torch.cat([pad(r[0].rest) for r in rows])
+        full = rows[0][0].ids is None  # top_k >= V: every id kept, in order, nothing left over
+        ids = None if full else torch.cat([pad(r[0].ids) for r in rows])
+        rest = None if full else torch.cat([pad(r[0].rest) for r in rows])
         argmax = torch.cat([pad(r[1]) for r in rows])
         return SoftLabels(log_probs, ids, rest), argmax
 

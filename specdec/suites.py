@@ -8,11 +8,14 @@ of token ids (the `tiny` suite, for in-code tiny models without a tokenizer).
 
 Built-in suites live in `assets/prompts/` (one file per category; `all` = every category but
 `tiny`). `load_suite` also reads a user's JSONL, or a plain text file with one prompt per line.
+A file without a held-out split (every text file, a JSONL without "heldout" lines) gets one: every
+HOLD_OUT_EVERY-th prompt, at least one, is held out (`split_note` says how many). A bad file is one
+ValueError naming file:line.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 SUITES_DIR = Path(__file__).resolve().parent.parent / "assets" / "prompts"
@@ -21,6 +24,7 @@ TEMPLATES = ("chat", "raw")
 REQUIRED_FIELDS = ("id", "category", "prompt")
 ALL = "all"  # every built-in category suite except the CI one
 CI_SUITE = "tiny"
+HOLD_OUT_EVERY = 5  # a file without a held-out split: prompts 5, 10, 15, ... (at least one) are held out
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,7 @@ class Prompt:
     language: str = "en"  # "en", "zh", "python", or "ids" for token-id prompts
     split: str = "dev"  # "dev" (tune on) or "heldout" (report on)
     template: str = "chat"  # "chat": wrap in the chat template when the tokenizer has one; "raw": as is
+    split_from: str = "file"  # "file": the file gave the split; "every 5th": held out by `_hold_out`
 
 
 def available_suites() -> list[str]:
@@ -61,7 +66,8 @@ def load_suite(name_or_path: str | Path, *, split: str | None = None, categories
     if limit is not None:
         prompts = _first_per_category(prompts, limit)
     if not prompts:
-        raise ValueError(f"no prompts left in {name_or_path} after filtering (split={split}, limit={limit})")
+        hint = " (a file of one prompt cannot hold one out: add prompts)" if split == "heldout" else ""
+        raise ValueError(f"no prompts left in {name_or_path} after filtering (split={split}, limit={limit}){hint}")
     return prompts
 
 
@@ -74,10 +80,47 @@ def _read(name_or_path: str | Path) -> list[Prompt]:
     if not path.is_file():
         raise ValueError(f"no prompt suite {name_or_path!r}: give a file (.jsonl, or text with one prompt per "
                          f"line) or one of {', '.join(available_suites())}")
-    lines = path.read_text(encoding="utf-8").splitlines()
+    lines = _text_lines(path)
     prompts = _parse_jsonl(lines, path) if path.suffix == ".jsonl" else _parse_text(lines, path)
     _check_unique_ids(prompts, path)
-    return prompts
+    return _hold_out(prompts)
+
+
+def split_note(name_or_path: str | Path) -> str | None:
+    """One line saying how many prompts were held out when the file has no held-out split of its own."""
+    prompts = _read(name_or_path)
+    held = sum(p.split == "heldout" for p in prompts if p.split_from != "file")
+    if not held:
+        return None
+    return (f"{name_or_path} has no held-out split: held out every {HOLD_OUT_EVERY}th prompt, {held} of "
+            f"{len(prompts)} ({len(prompts) - held} left to tune or train on)")
+
+
+def has_held_out(name_or_path: str | Path) -> bool:
+    """True when the suite or file gives a held-out split itself (not one made by `_hold_out`)."""
+    return any(p.split == "heldout" and p.split_from == "file" for p in _read(name_or_path))
+
+
+def _hold_out(prompts: list[Prompt]) -> list[Prompt]:
+    """No prompt held out by the file: every HOLD_OUT_EVERY-th one is (the last one when there are fewer),
+    so a command that trains or tunes on "dev" and reports on "heldout" works on any file of 2+ prompts."""
+    if len(prompts) < 2 or any(p.split == "heldout" for p in prompts):
+        return prompts
+    picked = {i for i in range(len(prompts)) if i % HOLD_OUT_EVERY == HOLD_OUT_EVERY - 1} or {len(prompts) - 1}
+    return [replace(p, split="heldout", split_from=f"every {HOLD_OUT_EVERY}th") if i in picked else p
+            for i, p in enumerate(prompts)]
+
+
+def _text_lines(path: Path) -> list[str]:
+    """The file's lines as UTF-8 text; ValueError naming file:line at the first line that is not UTF-8."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8").splitlines()
+    except UnicodeDecodeError as error:
+        line = data[:error.start].count(b"\n") + 1
+        column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
+        raise ValueError(f"{path}:{line}: not UTF-8 text (byte 0x{data[error.start]:02x} at column {column}); "
+                         "save the file as UTF-8") from None
 
 
 def _parse_text(lines: list[str], path: Path) -> list[Prompt]:

@@ -76,20 +76,30 @@ def test_distill_runs_as_two_processes_under_torchrun(folders):
     assert not trained.equal(AutoModelForCausalLM.from_pretrained(aligned).lm_head.weight)
 
 
-def test_experiment_runs_both_parts_and_writes_the_table(folders, capsys):
-    out = folders["root"] / "experiment"
-    args = ["experiment", "align-distill", "--target", folders["target"], "--same-draft", folders["same"],
+def experiment_args(folders, out):
+    return ["experiment", "align-distill", "--target", folders["target"], "--same-draft", folders["same"],
             "--other-draft", folders["other"], "--prompts", folders["prompts"], "--steps", "3", "--eval-every", "0",
             "--max-new-tokens", "6", "--eval-max-new-tokens", "6", "--measure-max-new-tokens", "8", "--k", "3",
-            "--out", str(out)]
-    assert main(args) == 0
-    report = json.loads((out / "distill" / "report.json").read_text())
+            "--most-frequent", "50", "--out", str(out)]
+
+
+def test_experiment_runs_every_stage_and_writes_the_table(folders, capsys):
+    out = folders["root"] / "experiment"
+    assert main(experiment_args(folders, out)) == 0
+    domain = out / "prompts"
+    report = json.loads((domain / "distill" / "report.json").read_text())
     assert report["steps_done"] == 3 and len(report["evals"]) == 2
-    assert (out / "distill" / "loss.html").stat().st_size > 1000
-    rows = json.loads((out / "results.json").read_text())["rows"]
-    assert [r["draft"][:3] for r in rows] == ["tar", "(a)", "(b)", "(c)", "(d)", "(d'", "(e)"]
+    assert (domain / "distill" / "loss.html").stat().st_size > 1000
+    assert json.loads((domain / "report.json").read_text())["identical"] is False
+    rows = json.loads((domain / "results.json").read_text())["rows"]
+    assert [r["draft"][:3] for r in rows] == ["tar", "(a)", "(b)", "(c)", "(d)", "(e)", "(f)"]
     assert all(r["identical_outputs"] == "2/2" for r in rows)  # greedy: every draft leaves the output unchanged
-    assert "| (e) (d) distilled |" in (out / "table.md").read_text()
+    assert all(r["predicted_speedup"] > 0 and r["measured_speedup"] > 0 for r in rows)
+    assert "| (f) (e) with a pruned vocabulary |" in (domain / "table.md").read_text()
+    printed = capsys.readouterr().out
+    assert "[prompts] 6/6 measure" in printed and "skipped" not in printed
+    assert main(experiment_args(folders, out)) == 0  # a rerun skips every stage
+    assert capsys.readouterr().out.count("skipped, done before") == 6
 
 
 def test_transplant_check_scores_both_methods(folders, capsys):
@@ -97,3 +107,39 @@ def test_transplant_check_scores_both_methods(folders, capsys):
                  "--prompts", folders["prompts"]]) == 0
     printed = capsys.readouterr().out
     assert "with its own tokenizer" in printed and "by string" in printed and "by index" in printed
+
+
+def test_experiment_on_a_text_file_resumes_after_kills_and_skips_finished_stages(folders, capsys):
+    """SIGKILL inside the transplant stage (its folder written, not yet renamed) and between distill and prune;
+    each rerun finds no half-written output, skips the stages done and finishes the rest."""
+    from faults import kill_at
+
+    prompts = folders["root"] / "domain.txt"
+    prompts.write_text("\n".join(["def price(option, curve):", "import QuantLib as ql", "The risk of the",
+                                  "df['EBITDA_Margin'] =", "def CalcBlackScholesVega(S, K, T, r, sigma):",
+                                  "return option.npv(", "The quick brown fox", "def price(", "import", "df"]) + "\n")
+    out = folders["root"] / "killed"
+    args = experiment_args(folders, out)
+    args[args.index("--prompts") + 1] = str(prompts)
+    run = f"from specdec.cli import main\nmain({args!r})\n"
+    in_transplant = ("import specdec.align as align\noriginal = align.save_aligned\n"
+                     "def save_then_pause(*args, **kwargs):\n    original(*args, **kwargs)\n    pause()\n"
+                     "align.save_aligned = save_then_pause\n")
+    kill_at(in_transplant + run, "pause")
+    domain = out / "domain"
+    assert (domain / "report.json").exists() and not (domain / "transplant").exists()
+    assert [p.name[:len("transplant.partial")] for p in domain.iterdir() if "partial" in p.name] == ["transplant.partial"]
+    kill_at(run, "specdec.recipe.stage_prune")
+    assert (domain / "transplant").is_dir() and (domain / "distill" / "draft").is_dir()
+    assert not (domain / "prune").exists() and not any("partial" in p.name for p in domain.rglob("*"))
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "held out every 5th prompt, 2 of 10" in printed
+    for stage in ("1/6 report", "2/6 transplant", "3/6 data", "4/6 distill"):
+        assert f"[domain] {stage}: skipped, done before" in printed
+    assert "[domain] 5/6 prune: " in printed and "[domain] 6/6 measure: " in printed
+    assert not any("partial" in p.name for p in out.rglob("*"))
+    assert set(json.loads((domain / "stage_times.json").read_text())) == {"report", "transplant", "data", "distill",
+                                                                          "prune", "measure"}
+    rows = json.loads((domain / "results.json").read_text())["rows"]
+    assert len(rows) == 7 and all(r["identical_outputs"] == "2/2" for r in rows)

@@ -15,7 +15,7 @@ from ..costs import calibrate
 from ..limits import K_AUTO_START, K_MAX
 from ..measure import Calibration, calibrate_layers
 from ..models import add_model_arguments, load_draft, load_model
-from ..suites import available_suites, encode, load_suite
+from ..suites import available_suites, encode, load_suite, split_note
 from ..theory import expected_tokens_per_step, walltime_speedup
 from .arguments import parse_k
 
@@ -54,6 +54,9 @@ def run(args) -> int:
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     prompts = load_suite(args.prompts, split=args.split, categories=args.categories, limit=args.limit)
+    note = split_note(args.prompts) if args.split else None
+    if note:
+        print(note, flush=True)
     target = load_model(args.target, dtype=args.dtype, quant=args.quant)
     out = Path(args.out)
     calibration = calibrate_self_auto(target, args, out) if SELF_AUTO in args.draft else None

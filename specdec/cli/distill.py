@@ -16,7 +16,7 @@ from ..align.transplant import save_aligned
 from ..distill import DIVERGENCES, DistillConfig, DistillReport, cached_examples, distill, process_state
 from ..inputs import check_vocabularies
 from ..models import add_model_arguments, cache, load_draft, load_model
-from ..suites import Prompt, available_suites, encode, load_suite
+from ..suites import Prompt, available_suites, encode, has_held_out, load_suite, split_note
 
 RUN_OUTPUTS = ("checkpoint", "draft", "report.json", "loss.html")  # what a finished or started run leaves in --out
 
@@ -80,6 +80,20 @@ def prompt_ids(spec: str, split: str | None, tokenizer, limit: int | None = None
     return [encode(p, tokenizer) for p in read_prompts(spec, split, limit)]
 
 
+def held_out_prompts(eval_spec: str | None, train_spec: str, limit: int | None) -> list[Prompt]:
+    """--eval-prompts: its held-out split, or all of it when the file has none; else --prompts' held-out split."""
+    if eval_spec and not has_held_out(eval_spec):
+        return read_prompts(eval_spec, None)[:limit]
+    return read_prompts(eval_spec or train_spec, "heldout")[:limit]
+
+
+def say_split(train_spec: str, split: str | None, eval_spec: str | None) -> None:
+    """Print how many prompts were held out when the training file has no held-out split of its own."""
+    note = split_note(train_spec) if split not in (None, "all") or not eval_spec else None
+    if note:
+        print(note, flush=True)
+
+
 def check_run_folder(out: Path, resume: bool, overwrite: bool) -> None:
     """Refuse to start a new run over an old one unless told to (then clear the old run's outputs)."""
     found = [name for name in RUN_OUTPUTS if (out / name).exists()]
@@ -95,7 +109,8 @@ def check_run_folder(out: Path, resume: bool, overwrite: bool) -> None:
 def run(args) -> int:
     apply_threads(args)
     train = read_prompts(args.prompts, args.split, args.train_limit)
-    held_out = read_prompts(args.eval_prompts or args.prompts, "heldout")[:args.eval_limit]
+    held_out = held_out_prompts(args.eval_prompts, args.prompts, args.eval_limit)
+    say_split(args.prompts, args.split, args.eval_prompts)
     config = config_from(args)
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")

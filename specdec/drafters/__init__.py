@@ -8,6 +8,7 @@
 | `lookup` | `PromptLookupDraft` (Saxena 2023) |
 | `self:L` | `SelfSpeculativeDraft`: the target's first L layers (Zhang et al. 2023) |
 | `MODEL+lookup` | `HybridDrafter`: prompt lookup when it finds a continuation, the model otherwise |
+| `MODEL@vocab=FILE` | `PrunedVocabularyDrafter`: the model drafting over the token ids in FILE only (FR-Spec, Zhao et al. 2025) |
 
 `vocabulary` says how a model draft meets the target's ids: "auto" (text bridge only when the tokenizers
 differ), "as is" (ids as they are; the engine refuses a different vocabulary), "bridge" (always through
@@ -24,6 +25,7 @@ from .base import Drafter, ModelDrafter, NoDraft, Proposal, SamplingPolicy, to_t
 from .bridge import NaiveCrossVocabDrafter, TextBridgeDrafter
 from .hybrid import HybridDrafter
 from .lookup import PromptLookupDraft
+from .pruned import VOCAB_SEPARATOR, PrunedVocabularyDrafter, load_vocabulary
 from .selfspec import SelfSpeculativeDraft
 
 VOCABULARY_MODES = ("auto", "as is", "bridge", "naive")
@@ -32,7 +34,7 @@ HYBRID_SUFFIX = "+lookup"
 
 __all__ = [
     "Drafter", "ModelDrafter", "NoDraft", "Proposal", "SamplingPolicy", "to_target_vocab", "PromptLookupDraft",
-    "SelfSpeculativeDraft", "TextBridgeDrafter", "NaiveCrossVocabDrafter", "HybridDrafter", "from_spec",
+    "SelfSpeculativeDraft", "PrunedVocabularyDrafter", "TextBridgeDrafter", "NaiveCrossVocabDrafter", "HybridDrafter", "from_spec",
     "as_drafter", "self_layers", "VOCABULARY_MODES",
 ]
 
@@ -54,7 +56,21 @@ def from_spec(spec: str, target, *, load: Callable[[str], object], vocabulary: s
     if spec.endswith(HYBRID_SUFFIX):
         inner = from_spec(spec.removesuffix(HYBRID_SUFFIX), target, load=load, vocabulary=vocabulary)
         return HybridDrafter(as_drafter(inner, target.model))
+    if VOCAB_SEPARATOR in spec:
+        return _pruned_draft(spec, target, load)
     return _model_draft(load(spec), target, vocabulary)
+
+
+def _pruned_draft(spec: str, target, load) -> PrunedVocabularyDrafter:
+    """`MODEL@vocab=FILE`: the model (sharing the target's ids) drafting over FILE's token ids only."""
+    model_spec, _, vocabulary_file = spec.rpartition(VOCAB_SEPARATOR)
+    if not model_spec or not vocabulary_file:
+        raise ValueError(f"{spec!r}: a pruned draft is MODEL@vocab=FILE, e.g. runs/finance/distill/draft"
+                         f"@vocab=runs/finance/prune/vocabulary.json")
+    token_ids = load_vocabulary(vocabulary_file)  # the cheap check first, then the model
+    draft_model, _ = unwrap(load(model_spec), None)
+    check_vocabularies(target.model, draft_model)
+    return PrunedVocabularyDrafter(draft_model, token_ids)
 
 
 def _model_draft(draft, target, vocabulary: str):

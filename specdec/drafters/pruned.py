@@ -1,0 +1,121 @@
+"""A draft with a pruned vocabulary: the draft's LM head restricted to a set of target token ids.
+
+Most of a small draft's step on CPU can be its LM head (SmolLM2-135M: 576 x 151936 against ~100M other
+weights). Restricting the head to the tokens a domain actually uses, plus the most frequent ones, makes each
+draft step cheaper at a small acceptance cost (FR-Spec, Zhao et al. 2025). Only drafting changes: p_draft
+is the draft's softmax renormalised over the set (logits outside it are -inf, so such a token is never
+proposed); the target verifies with the one rule of `specdec.verify`, so greedy output is the target's and
+sampling stays lossless.
+
+The set is a JSON file `{"token_ids": [...], ...}` (`save_vocabulary`); the drafter spec
+`MODEL@vocab=FILE` names it (`specdec.drafters.from_spec`).
+"""
+from __future__ import annotations
+
+import copy
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+from ..kv import CachedLM
+from .base import Proposal, SamplingPolicy
+
+VOCAB_SEPARATOR = "@vocab="  # MODEL@vocab=FILE
+MOST_FREQUENT = 2048  # general-text tokens kept besides the domain's own
+
+
+class PrunedVocabularyDrafter:
+    """A causal LM drafting over `token_ids` only; the head's rows for the set are sliced once."""
+
+    def __init__(self, model: torch.nn.Module, token_ids: Iterable[int]):
+        head = model.get_output_embeddings()
+        rows = head.weight.shape[0]
+        ids = sorted(set(int(t) for t in token_ids))
+        if not ids or ids[0] < 0 or ids[-1] >= rows:
+            raise ValueError(f"a pruned vocabulary needs ids in 0..{rows - 1}, got {len(ids)} ids"
+                             + (f" from {ids[0]} to {ids[-1]}" if ids else ""))
+        self.token_ids = torch.tensor(ids, dtype=torch.long)  # [S] the set, sorted
+        self.lm = CachedLM(_with_head_rows(model, self.token_ids))
+
+    @property
+    def forwards(self) -> int:
+        return self.lm.forwards
+
+    def prefill(self, prompt_ids: list[int]) -> float:
+        return self.lm.prefill(prompt_ids)
+
+    def propose(self, context_ids: list[int], n: int, policy: SamplingPolicy) -> Proposal:
+        tokens, rows, elapsed = [], [], 0.0
+        feed = self.lm.pending(context_ids)
+        for _ in range(n):
+            logits, seconds = self.lm.forward(feed)  # [1, S]: the set's rows of the head only
+            elapsed += seconds
+            logits = self.scatter(logits[-1], policy.vocab_size)  # [V_target], -inf outside the set
+            probs = policy.probs(logits)  # softmax over the set = p_draft renormalised
+            token = policy.choose(logits, probs)
+            tokens.append(token)
+            rows.append(probs)
+            feed = [token]
+        p_draft = torch.stack(rows) if rows else None  # [n, V_target]
+        return Proposal(tokens, p_draft, elapsed, n)
+
+    def scatter(self, set_logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """[S] logits over the set -> [V_target] logits, -inf at every id outside the set."""
+        full = set_logits.new_full((vocab_size,), float("-inf"))
+        keep = self.token_ids < vocab_size
+        full[self.token_ids[keep]] = set_logits[keep]
+        return full
+
+
+def _with_head_rows(model: torch.nn.Module, token_ids: torch.Tensor) -> torch.nn.Module:
+    """A shallow copy of `model` whose LM head holds only `token_ids`' rows (the original is untouched)."""
+    head = model.get_output_embeddings()
+    sliced = torch.nn.Linear(head.weight.shape[1], len(token_ids), bias=head.bias is not None,
+                             device=head.weight.device, dtype=head.weight.dtype)
+    with torch.no_grad():
+        sliced.weight.copy_(head.weight[token_ids])  # [S, H]
+        if head.bias is not None:
+            sliced.bias.copy_(head.bias[token_ids])
+    clone = copy.copy(model)
+    clone._modules = dict(model._modules)  # own module table, shared submodules (weights are not copied)
+    clone.set_output_embeddings(sliced)
+    return clone.eval()
+
+
+# --- the token set -----------------------------------------------------------------------------------------
+
+def build_vocabulary(domain: Iterable[Iterable[int]], general: Iterable[Iterable[int]] = (), *,
+                     most_frequent: int = MOST_FREQUENT, always: Iterable[int] = ()) -> list[int]:
+    """Every token of the domain sequences, the `most_frequent` tokens of the general ones, and `always`
+    (special tokens such as EOS): the sorted set of ids a pruned draft may propose."""
+    kept = {int(t) for sequence in domain for t in sequence} | {int(t) for t in always}
+    counts = Counter(int(t) for sequence in general for t in sequence)
+    kept |= {t for t, _ in counts.most_common(most_frequent)}
+    return sorted(kept)
+
+
+def save_vocabulary(path: Path, token_ids: list[int], **about) -> Path:
+    """Write the set as JSON (`about`: where it came from, e.g. domain, sources, sizes)."""
+    from ..models import cache
+
+    cache.write_text(Path(path), json.dumps({"token_ids": sorted(token_ids), **about}))
+    return Path(path)
+
+
+def load_vocabulary(path: str | Path) -> list[int]:
+    """The token ids of a set written by `save_vocabulary` (or a bare JSON list of ids)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"no draft vocabulary file {path}: write one with the align-distill recipe "
+                         "(its prune stage) or specdec.drafters.pruned.save_vocabulary")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: not a JSON draft vocabulary ({error})") from None
+    ids = data.get("token_ids") if isinstance(data, dict) else data
+    if not isinstance(ids, list) or not ids or not all(isinstance(t, int) for t in ids):
+        raise ValueError(f"{path}: expected {{\"token_ids\": [ids...]}} with at least one integer id")
+    return ids

@@ -1,0 +1,239 @@
+"""The aligned-draft recipe: turn a small draft of another family into a draft for the target, per domain.
+
+A domain-shift experiment at small scale: does a draft with another tokenizer collapse on domain text, and
+do alignment, distillation (DistillSpec, Zhou et al. 2023) and a pruned draft vocabulary (FR-Spec, Zhao
+et al. 2025) bring it back? Stages, each cached in the domain's folder and skipped once its output exists
+(outputs are written under a temporary name and renamed, so a kill never leaves a half-written one):
+
+| stage | output | what |
+|---|---|---|
+| report | report.json | tokenizer compatibility of the two models (`specdec.align.report`) |
+| transplant | transplant/ | the draft hard-cloned onto the target's tokenizer, rows copied by token string |
+| data | data.json | the target's greedy continuations of the training prompts (cached in distill/data/) |
+| distill | distill/ | transplant/ distilled on that data (resumable checkpoints; `specdec.distill`) |
+| prune | prune/vocabulary.json | target ids the domain data uses plus the most frequent ones of general text |
+| measure | results.json, table.md | every draft on held-out prompts, against the target alone |
+
+Rows of the table: (a) the target's family, (b) the other draft with its ids fed naively, (c) through the
+text bridge, (d) transplanted, (e) (d) distilled, (f) (e) drafting over the pruned vocabulary. Each row has
+α̂, mean accepted length, c, the predicted speedup (calibrated costs, `DecodeStats.predicted_speedup`) and the
+measured speedup over the target alone (`specdec.trace.measured_speedup`), and greedy identity.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .align import save_aligned, tokenizer_report, transplant_vocabulary
+from .costs import calibrate
+from .distill import DistillConfig, cached_examples
+from .drafters import NaiveCrossVocabDrafter, TextBridgeDrafter, from_spec
+from .drafters.pruned import MOST_FREQUENT, VOCAB_SEPARATOR, build_vocabulary, save_vocabulary
+from .engine import autoregressive_generate, speculative_generate
+from .inputs import vocab_size
+from .models import apply_speed_levers, cache, load_draft, load_model
+from .suites import ALL, encode, load_suite
+from .trace import measured_speedup, pooled_stats
+
+STAGES = ("report", "transplant", "data", "distill", "prune", "measure")
+Say = Callable[[str], None]
+
+
+@dataclass
+class RecipeSettings:
+    """What one domain's run needs besides the models; every field is part of the run's identity."""
+
+    train: list[list[int]]  # training prompts, target token ids
+    held_out: list[list[int]]  # held-out prompts (measure and distillation evals), target token ids
+    texts: list[str]  # domain text the tokenizer report is computed on
+    distill: DistillConfig = field(default_factory=DistillConfig)  # distillation hyper-parameters
+    max_new_tokens: int = 48  # target continuation length per training prompt
+    measure_max_new_tokens: int = 48  # tokens generated per held-out prompt when measuring
+    k: int = 5  # draft tokens per round when measuring
+    most_frequent: int = MOST_FREQUENT  # general-text tokens kept in the pruned vocabulary
+
+
+@dataclass
+class Row:
+    """One line of the table: a draft measured on every held-out prompt."""
+
+    draft: str  # what drafts, e.g. "(c) smollm2-135m-instruct via text bridge"
+    tokenizer: str  # whose tokenizer the draft uses
+    acceptance_rate: float  # α̂ pooled over prompts (accepted / (accepted + rejections)); nan for the target alone
+    mean_accepted_length: float  # tokens per target forward, pooled (incl. the target's token)
+    cost_ratio: float  # c = one draft forward / one target step, measured in this run
+    predicted_speedup: float  # emitted tokens / rounds priced by the calibrated v(n) and c
+    measured_speedup: float  # tokens/s of this row / tokens/s of the target alone (pooled)
+    ms_per_token: float  # pooled wall time per emitted token
+    identical_outputs: str  # "n/N" prompts whose greedy output equals the target alone's
+
+
+# --- stages ------------------------------------------------------------------------------------------------
+
+def run_recipe(target, other, same_draft: str, settings: RecipeSettings, folder: Path, *,
+               say: Say = print, domain: str = "") -> list[Row]:
+    """Every stage for one domain in `folder`; finished stages are skipped. Returns the table's rows."""
+    folder.mkdir(parents=True, exist_ok=True)
+    times = _read_json(folder / "stage_times.json") or {}
+    steps = [
+        ("report", folder / "report.json", lambda: stage_report(target, other, settings, folder)),
+        ("transplant", folder / "transplant", lambda: stage_transplant(target, other, folder)),
+        ("data", folder / "data.json", lambda: stage_data(target, settings, folder)),
+        ("distill", folder / "distill" / "report.json", lambda: stage_distill(target, settings, folder)),
+        ("prune", folder / "prune" / "vocabulary.json", lambda: stage_prune(target, settings, folder)),
+        ("measure", folder / "results.json", lambda: stage_measure(target, other, same_draft, settings, folder, say)),
+    ]
+    for number, (name, output, work) in enumerate(steps, start=1):
+        head = f"[{domain}] {number}/{len(steps)} {name}"
+        if output.exists():
+            say(f"{head}: skipped, done before ({output.relative_to(folder)})")
+            continue
+        _remove_partials(output)
+        say(f"{head} ...")
+        start = time.perf_counter()
+        summary = work()
+        times[name] = round(time.perf_counter() - start, 1)
+        cache.write_text(folder / "stage_times.json", json.dumps(times, indent=1))
+        say(f"{head}: {summary} ({times[name]:.0f} s)")
+    return [Row(**r) for r in _read_json(folder / "results.json")["rows"]]
+
+
+def stage_report(target, other, settings: RecipeSettings, folder: Path) -> str:
+    report = tokenizer_report(target.tokenizer, other.tokenizer, settings.texts, target_model=target.model,
+                              draft_model=other.model)
+    cache.write_text(folder / "report.json", json.dumps(report.to_dict(), indent=1, ensure_ascii=False))
+    return (f"{report.shared_tokens} shared tokens ({report.overlap:.0%} of the target's), word-boundary "
+            f"mismatch {report.boundary_mismatch_rate:.0%}")
+
+
+def stage_transplant(target, other, folder: Path) -> str:
+    model = transplanted(other, target, "string").model
+    with cache.atomic_path(folder / "transplant") as partial:
+        save_aligned(model, target.tokenizer, partial)
+    return f"{other.name} on the target's tokenizer ({vocab_size(model)} rows) in transplant/"
+
+
+def stage_data(target, settings: RecipeSettings, folder: Path) -> str:
+    data = _data(target, settings, folder)
+    tokens = sum(len(e.completion_ids) for e in data)
+    cache.write_text(folder / "data.json", json.dumps({"prompts": len(data), "continuation_tokens": tokens}))
+    return f"{len(data)} target continuations, {tokens} tokens"
+
+
+def stage_distill(target, settings: RecipeSettings, folder: Path) -> str:
+    from .cli.distill import distill_to_folder
+
+    aligned = load_model(str(folder / "transplant"), dtype=target.dtype)
+    report = distill_to_folder(target, aligned, settings.train, settings.held_out, settings.distill,
+                               folder / "distill", max_new_tokens=settings.max_new_tokens, resume=True)
+    first, last = report.evals[0], report.evals[-1]
+    return (f"{settings.distill.steps} steps, held-out α̂ {first['acceptance_rate']:.3f} -> "
+            f"{last['acceptance_rate']:.3f}")
+
+
+def stage_prune(target, settings: RecipeSettings, folder: Path) -> str:
+    domain = [e.prompt_ids + e.completion_ids for e in _data(target, settings, folder)]
+    general = [encode(p, target.tokenizer) for p in load_suite(ALL, split="dev") if isinstance(p.prompt, str)]
+    ids = build_vocabulary(domain, general, most_frequent=settings.most_frequent,
+                           always=target.tokenizer.all_special_ids)
+    rows = vocab_size(target.model)
+    ids = [t for t in ids if t < rows]
+    save_vocabulary(folder / "prune" / "vocabulary.json", ids, rows=rows, domain_sequences=len(domain),
+                    general_sequences=len(general), most_frequent=settings.most_frequent)
+    return f"{len(ids)} of {rows} target ids kept ({len(ids) / rows:.1%})"
+
+
+def stage_measure(target, other, same_draft: str, settings: RecipeSettings, folder: Path, say: Say) -> str:
+    rows = measure(target, other, same_draft, settings, folder, say)
+    return f"{len(rows) - 1} drafts measured on {len(settings.held_out)} held-out prompts"
+
+
+# --- measurement -------------------------------------------------------------------------------------------
+
+def measure(target, other, same_draft: str, settings: RecipeSettings, folder: Path, say: Say = print) -> list[Row]:
+    """Every row of the table, measured here in one run; writes results.json and table.md."""
+    held_out, n, k = settings.held_out, settings.measure_max_new_tokens, settings.k
+    autoregressive_generate(target, held_out[0], max_new_tokens=2)  # warm-up: first calls are slower
+    alone = [autoregressive_generate(target, ids, max_new_tokens=n) for ids in held_out]
+    baseline = pooled_stats(alone, 0)
+    distilled = folder / "distill" / "draft"
+    pruned = f"{distilled}{VOCAB_SEPARATOR}{folder / 'prune' / 'vocabulary.json'}"
+    load = lambda name: load_model(name, dtype=target.dtype)  # noqa: E731
+    contenders = [
+        ("a", f"(a) {Path(same_draft).name}", "target's", lambda: load_draft(same_draft, target, bridge=False)),
+        ("b", f"(b) {other.name}, ids fed naively", f"{other.name}'s", lambda: NaiveCrossVocabDrafter(other)),
+        ("c", f"(c) {other.name} via text bridge", f"{other.name}'s",
+         lambda: TextBridgeDrafter(other, target.tokenizer)),
+        ("d", f"(d) {other.name} transplanted by string", "target's (hard-cloned)",
+         lambda: load(str(folder / "transplant"))),
+        ("e", "(e) (d) distilled", "target's (hard-cloned)", lambda: load(str(distilled))),
+        ("f", "(f) (e) with a pruned vocabulary", "target's, pruned", lambda: from_spec(pruned, target, load=load)),
+    ]
+    rows = [Row("target alone", "target's", math.nan, 1.0, 0.0, 1.0, 1.0, _ms_per_token(baseline),
+                f"{len(alone)}/{len(alone)}")]
+    say(markdown(rows).rstrip())
+    for letter, label, tokenizer, make in contenders:
+        draft = make()
+        costs = calibrate(target, draft, cache_dir=folder / "costs" / letter)
+        results = [speculative_generate(target, draft, ids, k=k, max_new_tokens=n, costs=costs) for ids in held_out]
+        stats = pooled_stats(results, k, costs)
+        same = sum(r.token_ids == a.token_ids for r, a in zip(results, alone))
+        rows.append(Row(label, tokenizer, stats.acceptance_rate, stats.mean_accepted_length, stats.cost_ratio,
+                        stats.predicted_speedup, measured_speedup(stats, baseline), _ms_per_token(stats),
+                        f"{same}/{len(results)}"))
+        say(markdown(rows[-1:]).splitlines()[-1])
+    cache.write_text(folder / "table.md", markdown(rows))
+    cache.write_text(folder / "results.json", json.dumps(
+        {"target": target.name, "dtype": target.dtype, "k": k, "prompts": len(held_out), "max_new_tokens": n,
+         "rows": [asdict(r) for r in rows]}, indent=1, ensure_ascii=False))
+    return rows
+
+
+def _ms_per_token(stats) -> float:
+    return 1000 / stats.tokens_per_s if stats.tokens_per_s else math.nan
+
+
+def markdown(rows: list[Row]) -> str:
+    """The table as markdown (α̂ "—" for the target alone)."""
+    lines = ["| draft | tokenizer | α̂ | mean accepted length | c | predicted speedup | measured speedup | "
+             "ms per token | greedy output = target's |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        alpha = "—" if math.isnan(r.acceptance_rate) else f"{r.acceptance_rate:.3f}"
+        lines.append(f"| {r.draft} | {r.tokenizer} | {alpha} | {r.mean_accepted_length:.2f} | {r.cost_ratio:.2f} | "
+                     f"{r.predicted_speedup:.2f}x | {r.measured_speedup:.2f}x | {r.ms_per_token:.0f} | "
+                     f"{r.identical_outputs} |")
+    return "\n".join(lines) + "\n"
+
+
+# --- helpers -----------------------------------------------------------------------------------------------
+
+def transplanted(other, target, method: str):
+    """A copy of `other` (a LoadedModel) with the target's tokenizer and logit width."""
+    clone = copy.copy(other)
+    clone.model = copy.deepcopy(other.model)
+    transplant_vocabulary(clone.model, other.tokenizer, target.tokenizer, method=method,
+                          rows=vocab_size(target.model))
+    apply_speed_levers(clone.model)  # the same load-time speed levers as every other model here
+    clone.tokenizer, clone.name = target.tokenizer, f"{other.name} ({method} transplant)"
+    return clone
+
+
+def _data(target, settings: RecipeSettings, folder: Path):
+    """The target's continuations of the training prompts: the same cache file `distill_to_folder` reads."""
+    return cached_examples(target, settings.train, folder / "distill" / "data",
+                           max_new_tokens=settings.max_new_tokens, model_name=target.name)
+
+
+def _remove_partials(output: Path) -> None:
+    """Temporary siblings a killed run left behind (`cache.atomic_path` names them NAME.partial-*)."""
+    for stale in output.parent.glob(f"{output.name}.partial-*"):
+        cache.remove(stale)
+
+
+def _read_json(path: Path):
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None

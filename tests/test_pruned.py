@@ -1,0 +1,104 @@
+"""The pruned-vocabulary drafter: proposals stay in the set, greedy output and the sampling law stay the target's."""
+import json
+
+import pytest
+import torch
+
+from specdec import autoregressive_generate, speculative_generate
+from specdec.drafters import ModelDrafter, PrunedVocabularyDrafter, SamplingPolicy, from_spec
+from specdec.drafters.pruned import build_vocabulary, load_vocabulary, save_vocabulary
+from specdec.models import LoadedModel
+from specdec.testing import perturbed_copy, tiny_model
+from test_sampling import TEMPERATURE, TOP_P, chi_square_p_value, draw_first_two, exact_law_of_two_tokens
+
+PROMPT = [1, 7, 3, 19]
+KEPT = list(range(0, 128, 2))  # every even id: half the vocabulary
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = tiny_model("llama", seed=0)
+    return target, perturbed_copy(target, noise=0.3, seed=2)
+
+
+def test_a_token_outside_the_set_is_never_proposed(pair):
+    target, draft = pair
+    drafter = PrunedVocabularyDrafter(draft, KEPT)
+    policy = SamplingPolicy(1.0, 1.0, torch.Generator().manual_seed(0), 128)
+    drafter.prefill(PROMPT)
+    for _ in range(20):
+        proposal = drafter.propose(PROMPT, 4, policy)
+        assert all(t % 2 == 0 for t in proposal.token_ids)
+        odd = proposal.p_draft[:, 1::2]  # [4, 64] mass outside the set
+        assert odd.abs().sum() == 0 and torch.allclose(proposal.p_draft.sum(-1), torch.ones(4))
+
+
+def test_the_set_distribution_is_the_draft_renormalised(pair):
+    """p_draft over the set = the full head's softmax restricted to the set and renormalised."""
+    _, draft = pair
+    policy = SamplingPolicy(1.0, 1.0, torch.Generator(), 128)
+    full = ModelDrafter(draft)
+    full.prefill(PROMPT)
+    pruned = PrunedVocabularyDrafter(draft, KEPT)
+    pruned.prefill(PROMPT)
+    p_full = full.propose(PROMPT, 1, policy).p_draft[0]  # [V]
+    p_pruned = pruned.propose(PROMPT, 1, policy).p_draft[0]
+    restricted = torch.zeros_like(p_full)
+    restricted[KEPT] = p_full[KEPT] / p_full[KEPT].sum()
+    assert torch.allclose(p_pruned, restricted, atol=1e-5)
+
+
+def test_only_the_sets_rows_of_the_head_are_computed_and_the_model_is_untouched(pair):
+    _, draft = pair
+    head = draft.get_output_embeddings().weight.clone()
+    drafter = PrunedVocabularyDrafter(draft, KEPT)
+    assert drafter.lm.model.get_output_embeddings().weight.shape == (len(KEPT), head.shape[1])
+    assert draft.get_output_embeddings().weight.equal(head)  # the wrapped model keeps its full head
+    assert draft(torch.tensor([PROMPT])).logits.shape[-1] == 128
+
+
+@pytest.mark.parametrize("kept", [KEPT, list(range(128))])
+def test_greedy_output_is_the_target_alone(pair, kept):
+    target, draft = pair
+    alone = autoregressive_generate(target, PROMPT, max_new_tokens=40, eos_token_id=[])
+    result = speculative_generate(target, PrunedVocabularyDrafter(draft, kept), PROMPT, k=4, max_new_tokens=40,
+                                  eos_token_id=[])
+    assert result.token_ids == alone.token_ids
+    assert result.stats.accepted_tokens > 0
+
+
+def test_sampling_keeps_the_target_law():
+    """Drafts never propose odd ids, yet the output has the target's law (odd ids come from the residual)."""
+    target = tiny_model("llama", seed=3, vocab_size=48)
+    draft = perturbed_copy(target, noise=0.6, seed=5)
+    first_law, second_law = exact_law_of_two_tokens(target)
+    first, second = draw_first_two(lambda seed: speculative_generate(
+        target, PrunedVocabularyDrafter(draft, range(0, 48, 2)), [1, 7, 3, 19], k=2, max_new_tokens=3,
+        temperature=TEMPERATURE, top_p=TOP_P, seed=seed, eos_token_id=[]).token_ids)
+    assert chi_square_p_value(first, first_law) > 1e-3
+    assert chi_square_p_value(second, second_law) > 1e-3
+
+
+def test_build_save_and_load_the_set(tmp_path):
+    ids = build_vocabulary([[5, 6, 7], [7, 8]], [[9, 9, 9, 10, 10, 11]], most_frequent=2, always=[2])
+    assert ids == [2, 5, 6, 7, 8, 9, 10]
+    path = save_vocabulary(tmp_path / "vocabulary.json", ids, domain="finance")
+    assert load_vocabulary(path) == ids and json.loads(path.read_text())["domain"] == "finance"
+    (tmp_path / "bad.json").write_text("[1, 2,")
+    with pytest.raises(ValueError, match="bad.json: not a JSON draft vocabulary"):
+        load_vocabulary(tmp_path / "bad.json")
+    with pytest.raises(ValueError, match="no draft vocabulary file"):
+        load_vocabulary(tmp_path / "missing.json")
+
+
+def test_the_factory_reads_model_at_vocab_file(pair, tmp_path):
+    target, draft = pair
+    loaded_target = LoadedModel("target", target, None, "test", "target", "float32")
+    path = save_vocabulary(tmp_path / "vocabulary.json", KEPT)
+    drafter = from_spec(f"draft@vocab={path}", loaded_target,
+                        load=lambda name: LoadedModel(name, draft, None, "test", name, "float32"))
+    assert isinstance(drafter, PrunedVocabularyDrafter) and drafter.token_ids.tolist() == KEPT
+    with pytest.raises(ValueError, match="MODEL@vocab=FILE"):
+        from_spec("@vocab=x.json", loaded_target, load=lambda name: None)
+    with pytest.raises(ValueError, match="outside|ids in 0..127"):
+        PrunedVocabularyDrafter(draft, [0, 500])
