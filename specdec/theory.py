@@ -17,6 +17,8 @@ which is Thm 3.8 when v = 1. All tend to k+1 (resp. (k+1)/(v(k+1) + k*c)) as alp
 """
 from __future__ import annotations
 
+from .limits import K_MAX
+
 
 def _check(alpha: float, k: int) -> None:
     if not 0.0 <= alpha <= 1.0:
@@ -47,7 +49,7 @@ def walltime_speedup(alpha: float, k: int, c: float) -> float:
     return predicted_speedup(alpha, k, c, 1.0)
 
 
-def optimal_k(alpha: float, c: float, k_max: int = 16) -> int:
+def optimal_k(alpha: float, c: float, k_max: int = K_MAX) -> int:
     """The k in 1..k_max that maximises `walltime_speedup` (numeric argmax; ties go to the smaller k)."""
     if k_max < 1:
         raise ValueError(f"k_max must be >= 1, got {k_max}")
