@@ -146,6 +146,7 @@ def _round(verifier: CachedLM, drafter: Drafter, context: list[int], n: int,
         target_top_ids=top.indices.tolist(),
         target_top_logits=top.values.tolist(),
         draft_source=proposal.source if drafts else "",
+        uniforms=list(verdict.uniforms),
     )
 
 

@@ -3,7 +3,8 @@
 Metric conventions (the single place they are defined; the CLI, dashboard and bench only
 read these fields):
 
-- A *round* is one target verification forward. It verifies n <= k drafted tokens (n < k only
+- A *round* is one target verification forward. k is the draft length asked for (the papers' gamma).
+  A round verifies n <= k drafted tokens (n < k only
   near max_new_tokens, or when a drafter proposes fewer) and emits the accepted prefix plus
   one target token: the correction at the first rejection, or a bonus token when all n pass.
 - acceptance_rate (alpha-hat) = accepted / (accepted + rejections): the per-token acceptance
@@ -15,7 +16,9 @@ read these fields):
   target's token (vLLM convention). "Accepted draft tokens per round" (0..k, the histogram, and
   gpt-fast's "mean accepted") excludes it.
 - per_position_acceptance[i] = rounds that accepted draft i+1 / rounds that reached it (drafts 1..i
-  all accepted, draft i+1 proposed): the conditional acceptance at that position.
+  all accepted, draft i+1 proposed): the conditional acceptance at that position. Drafts never reached
+  are not failures; the unconditional variant (accepted there / all rounds) is, when every round
+  drafts k, the product of the conditional rates up to i.
 - cost_ratio c = one draft forward / one target step (Leviathan's c, both reading one token). A
   run times its verification forwards, not one-token steps, so the target step is estimated as
   verification time / the calibrated v(n+1) of each round (`specdec.costs`; v = 1 without one).
@@ -27,8 +30,9 @@ read these fields):
 - predicted_speedup = emitted tokens / sum over rounds of (v(n+1) + draft forwards * c): the
   speedup the calibrated costs predict for the rounds this run had (prefill and per-round
   overhead are not in it; they are the gap to the measurement).
-- measured speedup = tokens/s of the speculative run / tokens/s of the target alone on the same
-  prompt and length (`measured_speedup`).
+- measured_speedup = tokens/s of the speculative run / tokens/s of the target alone on the same
+  prompt and length, wall time with prefill (`measured_speedup`; `specdec.waterfall` walks from
+  theoretical_speedup to it one cost at a time).
 """
 from __future__ import annotations
 
@@ -56,6 +60,7 @@ class Round:
     target_top_ids: list[list[int]] = field(default_factory=list)  # per verification row: the target's top-2 ids
     target_top_logits: list[list[float]] = field(default_factory=list)  # per row: their logits (explains near-ties)
     draft_source: str = ""  # which drafter proposed: "model", "lookup" ("" when nothing was proposed)
+    uniforms: list[float] = field(default_factory=list)  # sampling: u per drafted position, kept iff u < min(1, p_target/p_draft)
 
     @property
     def is_bonus(self) -> bool:

@@ -25,6 +25,7 @@ class Verdict:
     matches: list[bool]  # per drafted position: greedy = equals target argmax; sampling = passed the test
     num_accepted: int  # length of the accepted prefix (first False in `matches`, or all)
     target_token_id: int  # correction (at the first rejection) or bonus token (all accepted)
+    uniforms: tuple[float, ...] = ()  # sampling: the uniform drawn per drafted position (empty when greedy)
 
 
 def logits_to_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
@@ -89,7 +90,7 @@ def verify_sampling(
         law = residual_distribution(p_target[num_accepted], p_draft[num_accepted])
     else:
         law = p_target[n]
-    return Verdict(matches, num_accepted, sample(law, generator))
+    return Verdict(matches, num_accepted, sample(law, generator), tuple(uniforms.tolist()))
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> int:

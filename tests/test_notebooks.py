@@ -28,9 +28,39 @@ def test_kernel_runs_this_python_and_imports_specdec():
     assert stdout.strip() == sys.prefix  # the venv's interpreter, not whatever "python" is first on PATH
 
 
+def built():
+    sys.path.insert(0, str(ROOT / "notebooks"))
+    try:
+        import build
+    finally:
+        sys.path.pop(0)
+    return build
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_executes(path):
-    notebook = execute(nbformat.read(path, as_version=4))
-    errors = [o for c in notebook.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
-    assert not errors
-    assert any(c.outputs for c in notebook.cells if c.cell_type == "code")
+def test_notebook_is_committed_as_built_with_its_outputs(path):
+    """The committed cells are build.py's, every code cell that prints has its output stored, none an error."""
+    build = built()
+    committed = nbformat.read(path, as_version=4)
+    fresh = build.notebook(path.name)
+    assert [(c.cell_type, c.source) for c in committed.cells] == [(c.cell_type, c.source) for c in fresh.cells], \
+        "notebook differs from notebooks/build.py: run python notebooks/build.py"
+    code = [c for c in committed.cells if c.cell_type == "code"]
+    assert all(c.outputs for c in code if "print(" in c.source)
+    assert not [o for c in code for o in c.outputs if o.output_type == "error"]
+
+
+def test_each_notebook_links_to_the_next():
+    for path, following in zip(NOTEBOOKS, NOTEBOOKS[1:]):
+        last = nbformat.read(path, as_version=4).cells[-1]
+        assert last.cell_type == "markdown" and f"({following.name})" in last.source
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_executes_and_prints_what_is_committed(path):
+    """Re-executed from scratch, every cell prints the committed numbers (cells tagged timings only run)."""
+    build = built()
+    committed = nbformat.read(path, as_version=4)
+    fresh = build.execute(build.notebook(path.name))
+    assert not [o for c in fresh.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert build.printed(fresh) == build.printed(committed)

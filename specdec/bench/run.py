@@ -146,10 +146,7 @@ def _cell(target_model, entry: Contender, k, prompt: Prompt, ids: list[int], con
         "rejections": stats.rejections, "round_draft_forwards": sum(r.draft_forwards for r in rounds),
         "prefill_time_s": stats.prefill_time_s, "draft_time_s": stats.draft_time_s,
         "target_time_s": stats.target_time_s, "engine_wall_s": stats.wall_time_s,
-        "acceptance_rate": stats.acceptance_rate, "mean_accepted_length": stats.mean_accepted_length,
-        "cost_ratio": stats.cost_ratio, "theoretical_speedup": stats.theoretical_speedup,
-        "cost_aware_bound": stats.expected_walltime_speedup,
-        "verify_cost": stats.verify_cost, "predicted_speedup": stats.predicted_speedup,
+        **metric_fields(stats),
         "calibrated_c": entry.costs.draft_cost if entry.costs else None,
         "verify_curve": entry.costs.target.verify if entry.costs else None,
         "ours_equals_target_alone": _same(ours, alone) if greedy else None,
@@ -158,6 +155,14 @@ def _cell(target_model, entry: Contender, k, prompt: Prompt, ids: list[int], con
         "first_divergence": first_divergence(ours.token_ids, alone.token_ids) if greedy else None,
         "divergence": _divergence(ours, alone, config) if greedy else None,
     }
+
+
+def metric_fields(stats) -> dict:
+    """A bench row's metric fields: `specdec.trace.DecodeStats` values under the row's names."""
+    return {"acceptance_rate": stats.acceptance_rate, "mean_accepted_length": stats.mean_accepted_length,
+            "cost_ratio": stats.cost_ratio, "theoretical_speedup": stats.theoretical_speedup,
+            "cost_aware_bound": stats.expected_walltime_speedup,
+            "verify_cost": stats.verify_cost, "predicted_speedup": stats.predicted_speedup}
 
 
 def _divergence(ours: Timed, alone: Timed, config: BenchConfig) -> dict | None:

@@ -2,15 +2,18 @@
 
 Kinds of chip (CSS class `chip-<kind>`):
 - accepted: a draft token the target kept;
-- rejected: the first draft token the target refused, struck through (p_target/p_draft explain why);
+- rejected: the first draft token the target refused, struck through (greedy: not the target's top-1;
+  sampling: its uniform draw u was >= min(1, p_target/p_draft));
 - unreached: draft tokens after the first rejection, never verified, struck through and faded;
 - correction: the target's own token at the first rejection;
 - bonus: the target's extra token when every draft token of the round was accepted.
-Hovering a chip shows the round, the position and, for draft tokens, p_draft and p_target.
+Hovering a chip shows the round, the position and, for draft tokens, p_draft, p_target and the rule
+that decided. Special tokens (`<|im_start|>`, `</s>`) show as ⟨im_start⟩, ⟨/s⟩ markers.
 """
 from __future__ import annotations
 
 import html
+import re
 
 from specdec import Round
 
@@ -22,6 +25,7 @@ KIND_HELP = {  # chip kind -> legend text
     "bonus": "bonus token (all drafts accepted)",
 }
 PIECE_WINDOW = 8  # tokens of left context used to decode one token's text (byte-level BPE pieces need it)
+SPECIAL = re.compile(r"<\|[^|<>\s]{1,40}\|>|</?s>")  # chat-template and sentence markers: <|im_start|>, </s>
 
 CSS = """
 .chips { line-height: 2.1; font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 0.95rem; }
@@ -34,6 +38,7 @@ CSS = """
 .round-sep { color: #b0b0b0; font-size: 0.7rem; vertical-align: super; margin: 0 2px; }
 .chips-prompt { color: #666; }
 .legend .chip { margin-right: 10px; }
+.special-token { font-size: 0.75rem; border: 1px solid currentColor; border-radius: 3px; padding: 0 2px; opacity: 0.8; }
 """
 
 
@@ -62,6 +67,11 @@ def _round_chips(index: int, r: Round) -> list[tuple[str, int, str]]:
     for position, token in enumerate(r.draft_token_ids):
         kind = "accepted" if position < r.num_accepted else "rejected" if position == r.num_accepted else "unreached"
         probabilities = f"p_draft = {r.draft_probs[position]:.3f}\np_target = {r.target_probs[position]:.3f}"
+        if position < len(r.uniforms) and kind != "unreached":  # sampling: the rule decided with this draw
+            accept = min(1.0, r.target_probs[position] / r.draft_probs[position]) if r.draft_probs[position] else 1.0
+            probabilities += f"\nkept iff u < min(1, p_target/p_draft) = {accept:.3f}; u = {r.uniforms[position]:.3f}"
+        elif not r.uniforms and kind != "unreached":  # greedy: the ranking decides, not the probabilities
+            probabilities += "\ngreedy: kept iff it is the target's top-1 here"
         chips.append((kind, token, f"round {index}, draft position {position + 1}: {KIND_HELP[kind]}\n{probabilities}"))
     kind = "bonus" if r.is_bonus else "correction"
     chips.append((kind, r.target_token_id, f"round {index}: {KIND_HELP[kind]} (token id {r.target_token_id})"))
@@ -78,6 +88,19 @@ def _piece(tokenizer, context: list[int], token: int) -> str:
     return after[len(before):] if after.startswith(before) else tokenizer.decode([token], skip_special_tokens=False)
 
 
+def token_label(tokenizer, token: int) -> str:
+    """A token's text for labels: special tokens as ⟨name⟩ markers, whitespace visible."""
+    text = str(token) if tokenizer is None else tokenizer.decode([token], skip_special_tokens=False)
+    text = SPECIAL.sub(lambda m: f"⟨{m.group(0)[1:-1].strip('|')}⟩", text)
+    return text.replace("\n", "⏎").replace(" ", "␣") or "∅"
+
+
 def _escape(text: str) -> str:
-    """HTML-escape, and make newlines visible as ⏎ while keeping the line break."""
-    return html.escape(text).replace("\n", "⏎\n") or "∅"
+    """HTML-escape, make newlines visible as ⏎ (keeping the line break) and special tokens readable markers."""
+    parts, last = [], 0
+    for match in SPECIAL.finditer(text):
+        parts.append(html.escape(text[last:match.start()]).replace("\n", "⏎\n"))
+        parts.append(f'<span class="special-token">⟨{html.escape(match.group(0)[1:-1].strip("|"))}⟩</span>')
+        last = match.end()
+    parts.append(html.escape(text[last:]).replace("\n", "⏎\n"))
+    return "".join(parts) or "∅"

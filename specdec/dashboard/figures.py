@@ -17,8 +17,9 @@ class Series:
     name: str  # legend entry
     x: list  # x values (numbers or category labels)
     y: list[float]  # y values
-    kind: str = "line"  # "line", "bar" or "markers"
+    kind: str = "line"  # "line", "bar", "markers" or "waterfall" (first bar absolute, then changes)
     text: list[str] = field(default_factory=list)  # optional label drawn on each point / bar
+    hover: list[str] = field(default_factory=list)  # optional hover text per point / bar
 
 
 def figure(title: str, x_title: str, y_title: str, series: list[Series], y_range: tuple | None = None) -> go.Figure:
@@ -27,8 +28,19 @@ def figure(title: str, x_title: str, y_title: str, series: list[Series], y_range
     for colour_index, s in enumerate(series):
         colour = COLOURS[colour_index % len(COLOURS)]
         text = s.text or None
+        hover = dict(hovertext=s.hover, hoverinfo="text+name") if s.hover else {}
         if s.kind == "bar":
-            fig.add_trace(go.Bar(name=s.name, x=s.x, y=s.y, marker_color=colour, text=text, textposition="auto"))
+            fig.add_trace(go.Bar(name=s.name, x=s.x, y=s.y, marker_color=colour, text=text, textposition="auto",
+                                 **hover))
+        elif s.kind == "waterfall":
+            # first and last bars stand on zero; those between show each step's change from the bar before
+            changes = [s.y[0]] + [b - a for a, b in zip(s.y, s.y[1:-1])] + s.y[-1:] * (len(s.y) > 1)
+            measure = ["absolute"] + ["relative"] * (len(s.y) - 2) + ["absolute"] * (len(s.y) > 1)
+            fig.add_trace(go.Waterfall(name=s.name, x=s.x, y=changes, measure=measure, text=text,
+                                       textposition="outside", connector=dict(line=dict(color="#b0b0b0")),
+                                       decreasing=dict(marker=dict(color="#e07b39")),
+                                       increasing=dict(marker=dict(color="#3c9a5f")),
+                                       totals=dict(marker=dict(color=COLOURS[0])), **hover))
         else:
             mode = "lines+markers" if s.kind == "line" else "markers+text"
             fig.add_trace(go.Scatter(name=s.name, x=s.x, y=s.y, mode=mode, text=text, textposition="top center",
@@ -58,9 +70,9 @@ def accepted_length_histogram(rounds: list[Round], k: int) -> go.Figure:
 
 
 def per_position_acceptance(stats: DecodeStats) -> go.Figure:
-    """Share of rounds that accepted draft position i, among the rounds that drafted it."""
+    """Rounds that accepted draft position i / rounds that reached it (drafts before it all accepted)."""
     positions = list(range(1, len(stats.per_position_acceptance) + 1))
-    return figure("per-position acceptance", "draft position", "accepted share",
+    return figure("per-position acceptance: accepted / reached", "draft position", "accepted share",
                   [Series("acceptance", positions, stats.per_position_acceptance, kind="bar")], y_range=(0, 1.05))
 
 

@@ -20,7 +20,7 @@ from specdec.costs import CostModel
 from specdec.limits import K_AUTO_MAX
 from specdec.trace import measured_speedup
 
-from . import figures
+from . import figures, teach
 from .chips import chips_html
 from .config import PROMPTS
 from .hub import ModelHub
@@ -99,6 +99,7 @@ def live_decode(hub: ModelHub, target, draft, bridge, prompt, k, max_new_tokens,
                                                      f"{len(partial.token_ids)} tokens", light=True)
     if result.stopped_early or not measure_baseline:
         note = token.reason if result.stopped_early else "done"
+        teach.remember(control, result, None, tokenizer)  # for the waterfall and the downloads
         yield live_view(result, tokenizer, request, f"{note}: {len(result.token_ids)} tokens in {len(result.rounds)} "
                                                     f"rounds, {result.stats.wall_time_s:.2f} s")
         return
@@ -106,6 +107,7 @@ def live_decode(hub: ModelHub, target, draft, bridge, prompt, k, max_new_tokens,
                     light=True)
     baseline = _baseline(target_model, request, len(result.token_ids), token.running)
     summary = "; ".join(baseline_lines(result, baseline, request.temperature == 0, target_model.dtype, tokenizer))
+    teach.remember(control, result, baseline, tokenizer)
     yield live_view(result, tokenizer, request, f"done: {len(result.token_ids)} tokens in {len(result.rounds)} "
                                                 f"rounds; {summary}", baseline)
 

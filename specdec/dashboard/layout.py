@@ -7,7 +7,7 @@ import gradio as gr
 
 from specdec.limits import K_UI_MAX
 
-from . import handlers
+from . import handlers, teach
 from .chips import CSS as CHIPS_CSS
 from .chips import legend_html
 from .config import K_RANGE, PROMPTS, AppConfig
@@ -18,7 +18,7 @@ from .runs import RunControl
 
 K_CHOICES = ["auto", *range(K_RANGE[0], K_RANGE[1] + 1)]  # the k dropdowns' options
 
-CSS = CHIPS_CSS + PANELS_CSS + ".compare-error { color: #8a1c12; }\n"
+CSS = CHIPS_CSS + PANELS_CSS + teach.CSS + ".compare-error { color: #8a1c12; }\n"
 INTRO = """# specdec — watch speculative decoding, round by round
 A small **draft** proposes *k* tokens, the **target** checks them all in one forward and keeps the longest
 prefix it agrees with, plus one token of its own. Greedy output is exactly the target's; the question is how
@@ -28,14 +28,19 @@ THEORY_MD = r"""
 ### The formulas (Leviathan, Kalman & Matias 2023)
 - **α** — per-token acceptance rate: the chance the target keeps a draft token (estimated by
   α̂ = accepted / (accepted + rejections)).
-- **k** — draft tokens proposed per round.
-- **c** — cost ratio: time of one draft forward ÷ time of one target forward (measured per run).
+- **k** — draft tokens proposed per round (the papers' γ).
+- **c** — cost ratio: one draft step ÷ one target step, both reading one token.
+- **v(k+1)** — what verifying k+1 tokens in one forward costs, in one-token target steps (1 in the paper;
+  more where the hardware cannot read k+1 tokens for the price of one, e.g. float32 on a CPU: the slider above).
 - **Tokens per target forward**: $\frac{1-\alpha^{k+1}}{1-\alpha}$ (→ k+1 as α → 1). This is the speedup
-  if drafting were free.
-- **Cost-aware bound** on wall-time speedup: $\frac{1-\alpha^{k+1}}{(1-\alpha)(kc+1)}$. Each round pays k
-  draft forwards (kc) plus one target forward (1). The optimal k maximises it; if α > c, k = 1 already wins.
-- **Measured speedup**: tokens/s speculative ÷ tokens/s of the target alone, same prompt and length. It falls
-  below the bound by the per-round overhead (cache rollback, sampling, Python) — the gap is worth looking at.
+  if drafting and verification were free.
+- **Leviathan's bound** on wall-time speedup: $\frac{1-\alpha^{k+1}}{(1-\alpha)(kc+1)}$. Each round pays k
+  draft steps (kc) plus one verification assumed to cost one step. If α > c, already k = 1 gains
+  ((1+α)/(1+c) > 1); the best k is the argmax over k, often larger.
+- **Predicted speedup**: $\frac{1-\alpha^{k+1}}{(1-\alpha)(v(k+1)+kc)}$ — verification priced as measured.
+- **Measured speedup**: tokens/s speculative ÷ tokens/s of the target alone, same prompt and length. The
+  waterfall (below, and in the live tab after a run) walks from tokens per forward to it one cost at a time:
+  drafting, verification, the rounds as they ran, prefill, and the remaining per-round overhead.
 """
 
 
@@ -48,6 +53,7 @@ def build_demo(config: AppConfig, hub: ModelHub | None = None) -> gr.Blocks:
     with gr.Blocks(title="specdec — speculative decoding lab") as demo:
         control = gr.State(RunControl)  # per browser session: the Stop button's handle on its own decode
         sweep_points = gr.State(dict)  # per session: the theory tab's last sweep (points, measured v(n))
+        stepping = gr.State(teach.StepSession)  # per session: the paused step-through decode
         gr.Markdown(INTRO)
         gr.Markdown(hub.memory, elem_id="memory")  # a callable: read again on every page load
         with gr.Tabs():
@@ -84,10 +90,32 @@ def build_demo(config: AppConfig, hub: ModelHub | None = None) -> gr.Blocks:
                         stats = gr.HTML(elem_id="stats-box")
                 with gr.Row():
                     acceptance_plot = gr.Plot(label="running α̂", elem_id="alpha-plot")
-                    histogram_plot = gr.Plot(label="accepted length", elem_id="histogram-plot")
+                    histogram_plot = gr.Plot(label="accepted draft tokens per round", elem_id="histogram-plot")
                     positions_plot = gr.Plot(label="per-position acceptance", elem_id="positions-plot")
                 table = gr.DataFrame(label="round table: per-position match flags, accepted, produced",
                                      elem_id="round-table", wrap=True, max_height=400)
+                with gr.Row():
+                    waterfall_plot = gr.Plot(label="from the bound to the measurement", elem_id="waterfall-plot")
+                    with gr.Column(scale=0, min_width=220):
+                        export_json = gr.DownloadButton("download the run (JSON)", elem_id="export-json")
+                        export_csv = gr.DownloadButton("download the round table (CSV)", elem_id="export-csv")
+                with gr.Accordion("Step through: one round at a time, one position up close", open=True):
+                    gr.Markdown("Uses the pair, prompt and settings above. **Next round** runs exactly one more round "
+                                "of the engine and shows what the draft proposed, what the target's one forward "
+                                "predicted at each of the k+1 positions, how they compare and what is kept.")
+                    with gr.Row():
+                        step_start = gr.Button("Start step-through", elem_id="step-start")
+                        step_next = gr.Button("Next round", variant="primary", elem_id="step-next")
+                    step_status = gr.Markdown(elem_id="step-status")
+                    step_panel = gr.HTML(elem_id="step-panel")
+                    step_chips = gr.HTML(elem_id="step-chips")
+                    with gr.Row():
+                        position_round = gr.Number(1, precision=0, minimum=1, label="round", elem_id="position-round")
+                        position_index = gr.Number(1, precision=0, minimum=1, label="position (1..k+1)",
+                                                   elem_id="position-index")
+                        position_show = gr.Button("Show this position", elem_id="position-show")
+                    position_text = gr.Markdown(elem_id="position-text")
+                    position_plot = gr.Plot(label="one position: p_draft, p_target and the rule", elem_id="position-plot")
 
             with gr.Tab("Aligned vs unaligned", id="compare"):
                 gr.Markdown(
@@ -129,6 +157,10 @@ def build_demo(config: AppConfig, hub: ModelHub | None = None) -> gr.Blocks:
                         gr.Markdown(THEORY_MD, latex_delimiters=[{"left": "$", "right": "$", "display": False}])
                     with gr.Column(scale=2):
                         theory_plot = gr.Plot(handlers.theory_figure(0.7, 0.3, 0.0, K_UI_MAX, {}), elem_id="theory-plot")
+                        waterfall_k = gr.Slider(1, K_UI_MAX, value=4, step=1, label="k of the waterfall",
+                                                elem_id="waterfall-k")
+                        theory_waterfall = gr.Plot(teach.theory_waterfall(0.7, 0.3, 0.0, 4),
+                                                   elem_id="theory-waterfall")
                         sweep_status = gr.Markdown(elem_id="sweep-status")
                         sweep_table = gr.DataFrame(label="k sweep", elem_id="sweep-table")
 
@@ -136,9 +168,17 @@ def build_demo(config: AppConfig, hub: ModelHub | None = None) -> gr.Blocks:
         live_outputs = [chips, table, acceptance_plot, histogram_plot, positions_plot, stats, status]
         preset.change(handlers.preset_prompt, preset, prompt, api_visibility="private")
         queued = run.click(RunControl.queued, control, None, api_visibility="private", queue=False)  # Stop keeps
-        queued.then(partial(handlers.live_decode, hub),  # working while the decode waits in the queue
-                    [target, draft, bridge, prompt, k, max_new, sampling, temperature, top_p, seed, baseline, control],
-                    live_outputs, api_visibility="private", concurrency_id="decode")
+        decoded = queued.then(partial(handlers.live_decode, hub),  # working while the decode waits in the queue
+                              [target, draft, bridge, prompt, k, max_new, sampling, temperature, top_p, seed, baseline,
+                               control], live_outputs, api_visibility="private", concurrency_id="decode")
+        decoded.then(teach.after_live, control, [waterfall_plot, export_json, export_csv], api_visibility="private")
+        step_outputs = [step_panel, step_chips, step_status, position_round]
+        step_start.click(partial(teach.step_start, hub),
+                         [target, draft, bridge, prompt, k, max_new, sampling, temperature, top_p, seed, stepping],
+                         step_outputs, api_visibility="private", concurrency_id="decode")
+        step_next.click(teach.step_next, stepping, step_outputs, api_visibility="private", concurrency_id="decode")
+        position_show.click(teach.show_position, [stepping, position_round, position_index],
+                            [position_plot, position_text], api_visibility="private", concurrency_id="decode")
         stop_button.click(handlers.stop, control, status, api_visibility="private", concurrency_limit=None)
         compare_run.click(partial(handlers.compare, hub),
                           [compare_target, compare_prompt, compare_k, compare_new, *compare_inputs],
@@ -146,6 +186,9 @@ def build_demo(config: AppConfig, hub: ModelHub | None = None) -> gr.Blocks:
                           api_visibility="private", concurrency_id="decode")
         for slider in (alpha, cost, slope, k_max):
             slider.change(handlers.theory_figure, [alpha, cost, slope, k_max, sweep_points], theory_plot,
+                          api_visibility="private", concurrency_limit=None)
+        for slider in (alpha, cost, slope, waterfall_k):
+            slider.change(teach.theory_waterfall, [alpha, cost, slope, waterfall_k], theory_waterfall,
                           api_visibility="private", concurrency_limit=None)
         sweep_run.click(partial(handlers.k_sweep, hub), [target, draft, bridge, prompt, max_new, k_max],
                         [theory_plot, alpha, cost, slope, sweep_table, sweep_points, sweep_status],

@@ -29,7 +29,7 @@ CSS = """
 def definitions() -> dict[str, str]:
     """Metric definitions by stat field, read from the bullets of specdec.trace's docstring."""
     bullets = re.split(r"\n- ", specdec.trace.__doc__ or "")[1:]
-    return {b.split()[0]: " ".join(b.split()) for b in bullets}
+    return {b.split()[0].split("[")[0]: " ".join(b.split()) for b in bullets}
 
 
 def round_table(result: GenerationResult, tokenizer) -> pd.DataFrame:
