@@ -9,7 +9,8 @@ et al. 2025) bring it back? Stages, each cached in the domain's folder and skipp
 |---|---|---|
 | report | report.json | tokenizer compatibility of the two models (`specdec.align.report`) |
 | transplant | transplant/ | the draft hard-cloned onto the target's tokenizer, rows copied by token string |
-| data | data.json | the target's greedy continuations of the training prompts (cached in distill/data/) |
+| data | data.json | the target's greedy continuations of the training prompts (cached in distill/data/; several
+  prompts per batched forward with `generation_batch`, and how many match one-at-a-time generation) |
 | distill | distill/ | transplant/ distilled on that data (resumable checkpoints; `specdec.distill`) |
 | prune | prune/vocabulary.json | target ids the domain data uses plus the most frequent ones of general text |
 | measure | results.json, table.md | every draft on held-out prompts, against the target alone |
@@ -31,7 +32,7 @@ from typing import Callable
 
 from .align import save_aligned, tokenizer_report, transplant_vocabulary
 from .costs import calibrate
-from .distill import DistillConfig, cached_examples
+from .distill import DistillConfig, cached_examples, generate_examples
 from .drafters import NaiveCrossVocabDrafter, TextBridgeDrafter, from_spec
 from .drafters.pruned import MOST_FREQUENT, VOCAB_SEPARATOR, build_vocabulary, save_vocabulary
 from .engine import autoregressive_generate, speculative_generate
@@ -41,6 +42,7 @@ from .suites import ALL, encode, load_suite
 from .trace import measured_speedup, pooled_stats
 
 STAGES = ("report", "transplant", "data", "distill", "prune", "measure")
+BATCH_CHECKS = 2  # batched training rows regenerated one at a time to check they are the same
 Say = Callable[[str], None]
 
 
@@ -56,6 +58,7 @@ class RecipeSettings:
     measure_max_new_tokens: int = 48  # tokens generated per held-out prompt when measuring
     k: int = 5  # draft tokens per round when measuring
     most_frequent: int = MOST_FREQUENT  # general-text tokens kept in the pruned vocabulary
+    generation_batch: int = 1  # training prompts the target continues per batched forward (1 = one at a time)
 
 
 @dataclass
@@ -121,8 +124,16 @@ def stage_transplant(target, other, folder: Path) -> str:
 def stage_data(target, settings: RecipeSettings, folder: Path) -> str:
     data = _data(target, settings, folder)
     tokens = sum(len(e.completion_ids) for e in data)
-    cache.write_text(folder / "data.json", json.dumps({"prompts": len(data), "continuation_tokens": tokens}))
-    return f"{len(data)} target continuations, {tokens} tokens"
+    summary = {"prompts": len(data), "continuation_tokens": tokens, "generation_batch": settings.generation_batch}
+    note = ""
+    if settings.generation_batch > 1:  # batching may change rounding: compare a few rows with one at a time
+        checked = data[:BATCH_CHECKS]
+        alone = generate_examples(target, [e.prompt_ids for e in checked], max_new_tokens=settings.max_new_tokens)
+        same = sum(a.completion_ids == e.completion_ids for a, e in zip(alone, checked))
+        summary["identical_to_one_at_a_time"] = f"{same}/{len(checked)}"
+        note = f"; batched rows equal to one-at-a-time: {same}/{len(checked)}"
+    cache.write_text(folder / "data.json", json.dumps(summary))
+    return f"{len(data)} target continuations, {tokens} tokens{note}"
 
 
 def stage_distill(target, settings: RecipeSettings, folder: Path) -> str:
@@ -130,7 +141,8 @@ def stage_distill(target, settings: RecipeSettings, folder: Path) -> str:
 
     aligned = load_model(str(folder / "transplant"), dtype=target.dtype)
     report = distill_to_folder(target, aligned, settings.train, settings.held_out, settings.distill,
-                               folder / "distill", max_new_tokens=settings.max_new_tokens, resume=True)
+                               folder / "distill", max_new_tokens=settings.max_new_tokens, resume=True,
+                               generation_batch=settings.generation_batch)
     first, last = report.evals[0], report.evals[-1]
     return (f"{settings.distill.steps} steps, held-out α̂ {first['acceptance_rate']:.3f} -> "
             f"{last['acceptance_rate']:.3f}")
@@ -226,7 +238,8 @@ def transplanted(other, target, method: str):
 def _data(target, settings: RecipeSettings, folder: Path):
     """The target's continuations of the training prompts: the same cache file `distill_to_folder` reads."""
     return cached_examples(target, settings.train, folder / "distill" / "data",
-                           max_new_tokens=settings.max_new_tokens, model_name=target.name)
+                           max_new_tokens=settings.max_new_tokens, model_name=target.name,
+                           batch_size=settings.generation_batch)
 
 
 def _remove_partials(output: Path) -> None:

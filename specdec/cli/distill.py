@@ -131,13 +131,16 @@ def run(args) -> int:
 
 
 def distill_to_folder(target, draft, train: list[list[int]], held_out: list[list[int]], config: DistillConfig,
-                      out: Path, *, max_new_tokens: int, on_policy: bool = False, resume: bool = False) -> DistillReport:
-    """Generate (or read) the data, distil with a progress bar, save draft/, report.json and loss.html."""
+                      out: Path, *, max_new_tokens: int, on_policy: bool = False, resume: bool = False,
+                      generation_batch: int = 1) -> DistillReport:
+    """Generate (or read) the data, distil with a progress bar, save draft/, report.json and loss.html.
+    generation_batch: target prompts continued per batched forward (`specdec.distill.cached_examples`)."""
     from tqdm import tqdm
 
     state = process_state()
     with state.main_process_first():  # the main process generates the data; the others read its cache
-        data = cached_examples(target, train, out / "data", max_new_tokens=max_new_tokens, model_name=target.name)
+        data = cached_examples(target, train, out / "data", max_new_tokens=max_new_tokens, model_name=target.name,
+                               batch_size=generation_batch)
         if on_policy:
             data += cached_examples(draft, train, out / "data", max_new_tokens=max_new_tokens, source="draft",
                                     model_name=draft.name)
