@@ -10,7 +10,8 @@ from transformers import AutoModelForCausalLM
 from specdec import autoregressive_generate, speculative_generate
 from specdec.kv import CachedLM
 from specdec.models import apply_speed_levers, load_draft, load_model
-from specdec.models.quant import ROWWISE_ATTENTION, Int8Linear, quantize_int8, rowwise_attention
+from specdec.models import quant
+from specdec.models.quant import ROWWISE_ATTENTION, Int8Linear, fbgemm_is_exact, quantize_int8, rowwise_attention
 from specdec.testing import perturbed_copy, tiny_config, tiny_folder, tiny_model
 from specdec.trace import ROUNDING_NOISE
 
@@ -41,6 +42,29 @@ def test_int8_linear_row_i_of_m_rows_is_row_i_alone(shape):
     x = torch.randn(5, shape[1])
     reference = torch.nn.functional.linear(x, layer.weight.float() * layer.weight_scale[:, None], layer.bias)
     assert torch.allclose(layer(x), reference, rtol=0.05, atol=0.05 * reference.abs().max().item())
+
+
+@pytest.mark.skipif(not fbgemm_is_exact(), reason="fbgemm saturates int16 pair sums here (no VNNI)")
+def test_fbgemm_and_int_mm_give_the_same_exact_sums():
+    torch.manual_seed(0)
+    weight = torch.randint(-127, 128, (300, 200), dtype=torch.int8)
+    packed = quant._pack(weight)
+    for rows in range(1, 18):
+        x_q = torch.randint(-127, 128, (rows, 200)).float()
+        x_q[0] = 127  # extremes
+        assert torch.equal(quant._fbgemm_mm(x_q, packed), quant._int_mm(x_q, weight))
+
+
+@pytest.mark.parametrize("fbgemm", [True, False])
+def test_int8_linear_bits_do_not_depend_on_the_kernel(monkeypatch, fbgemm):
+    torch.manual_seed(0)
+    layer = Int8Linear(torch.randn(96, 64), torch.randn(96))
+    x = torch.randn(7, 64)
+    expected = layer(x)
+    monkeypatch.setattr(quant, "fbgemm_is_exact", lambda: fbgemm)
+    monkeypatch.setattr(quant, "FBGEMM_MIN_ROWS", 1)
+    assert torch.equal(layer(x), expected)
+    assert rows_alone_equal(layer, x[None])
 
 
 def test_int8_linear_zero_row_gives_bias():
@@ -191,14 +215,12 @@ def test_greedy_identity_holds_at_a_constructed_near_tie(arch):
 
 def test_the_near_tie_catches_a_row_coupled_quantizer(monkeypatch):
     """Control: with ONE activation scale per tensor (fbgemm's dynamic int8), the same near-tie diverges."""
-    import specdec.models.quant as quant
-
     target, _, _ = near_tie_model("llama")  # weights quantized per row before the patch
     draft = quantize_int8(perturbed_copy(tiny_model("llama", seed=0), noise=0.2))
 
     def per_tensor(x):  # x [M, K] -> one scale for all M rows
         scale = (x.abs().amax() / quant.INT8_MAX).clamp_min(quant.TINY).expand(x.shape[0])  # [M]
-        return torch.round(x / scale[:, None]).clamp_(-quant.INT8_MAX, quant.INT8_MAX).to(torch.int8), scale
+        return torch.round(x / scale[:, None]).clamp_(-quant.INT8_MAX, quant.INT8_MAX), scale
 
     monkeypatch.setattr(quant, "_quantize_rows", per_tensor)
     alone = autoregressive_generate(target, PROMPT, max_new_tokens=40, eos_token_id=[]).token_ids

@@ -6,9 +6,10 @@ M rows sums in another order than a GEMV), so a near-tie can flip the argmax. He
 row-invariant instead (issue 12; docs in /work/shared/MEASURED.md "Kernels on this CPU"):
 
 - `Int8Linear`: weights int8 per output channel (scale = max|w_row| / 127), activations int8 per ROW
-  (per token: scale = max|x_row| / 127), `torch._int_mm` with int32 accumulation (integer sums are exact in
-  any order), then y = acc * x_scale[:, None] * w_scale[None, :] (+ bias) elementwise. Row i depends on x[i]
-  only. (One activation scale per tensor, as in fbgemm's dynamic quantization, couples the rows.)
+  (per token: scale = max|x_row| / 127), integer GEMM with int32 sums (exact in any order: `torch._int_mm`,
+  or fbgemm fed integers it cannot rescale), then y = sums * w_scale[None, :] * x_scale[:, None] (+ bias)
+  elementwise. Row i depends on x[i] only. (One activation scale per tensor, as fbgemm's dynamic
+  quantization does by itself, couples the rows.)
 - `rowwise_attention`: each query row attends to its own causal slice of keys/values with the same SDPA
   call a one-token step makes, so a verification row is the one-token step's row.
 - Embedding lookup, RMSNorm (a reduction inside each row), rotary (elementwise), SiLU and residual adds are
@@ -19,6 +20,9 @@ int8 target is a different target from the float32 one: report which one a run v
 """
 from __future__ import annotations
 
+import functools
+import warnings
+
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
@@ -27,17 +31,67 @@ from transformers.pytorch_utils import Conv1D
 
 ROWWISE_ATTENTION = "specdec_rowwise"  # name of rowwise_attention in transformers' attention interface
 INT8_MAX = 127  # symmetric range [-127, 127]: -128 is never used, so negation is exact
+FBGEMM_MIN_ROWS = 2  # rows from which fbgemm is faster than torch._int_mm here (one row: a GEMV)
 TINY = torch.finfo(torch.float32).tiny  # scale of an all-zero row (its quantized values are all 0)
 
 
 def _quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] float32 -> (int8 [M, K], scale [M]) with x ≈ q * scale[:, None]; row i depends on x[i] only."""
+    """x [M, K] float32 -> (integers in [-127, 127] as float32 [M, K], scale [M]) with x ≈ q * scale[:, None].
+
+    Row i depends on x[i] only (a max, a division and a rounding per element)."""
     scale = (x.abs().amax(dim=1) / INT8_MAX).clamp_min(TINY)  # [M]
-    return torch.round(x / scale[:, None]).clamp_(-INT8_MAX, INT8_MAX).to(torch.int8), scale
+    return torch.round(x / scale[:, None]).clamp_(-INT8_MAX, INT8_MAX), scale
+
+
+def _int_mm(x_q: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Integer rows [M, K] (float32) times int8 weight [N, K] transposed: the exact sums as float32 [M, N]."""
+    return torch._int_mm(x_q.to(torch.int8), weight.t()).float()
+
+
+def _pack(weight: torch.Tensor):
+    """fbgemm's prepacked form of an int8 weight [N, K] with unit scales (the real scales are applied after)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # quantized tensor creation is deprecated, the kernel behind it is not
+        quantized = torch._make_per_channel_quantized_tensor(
+            weight, torch.ones(weight.shape[0], dtype=torch.float64), torch.zeros(weight.shape[0], dtype=torch.long), 0)
+    return torch.ops.quantized.linear_prepack(quantized, None)
+
+
+def _fbgemm_mm(x_q: torch.Tensor, packed) -> torch.Tensor:
+    """As _int_mm, through fbgemm's dynamic int8 Linear, whose cost grows far less with M on this CPU.
+
+    fbgemm quantizes its input with ONE scale per tensor from the min and max; a sentinel row holding -127.5
+    and 127.5 makes that scale exactly 1 and the zero point 128, so the integers pass through unchanged
+    (x + 128 in [1, 255]) and the int32 sums come out exact (checked by `fbgemm_is_exact` on this machine).
+    """
+    rows, width = x_q.shape
+    padded = x_q.new_zeros(rows + 1, width)  # [M + 1, K]
+    padded[:rows] = x_q
+    padded[rows, :2] = torch.tensor([-INT8_MAX - 0.5, INT8_MAX + 0.5])
+    return torch.ops.quantized.linear_dynamic(padded, packed, False)[:rows]  # [M, N]
+
+
+@functools.cache
+def fbgemm_is_exact() -> bool:
+    """Whether `_fbgemm_mm` gives the exact integer sums here (int32 VNNI sums yes; pairs saturating at int16, as
+    AVX2 without VNNI does, no), on random and extreme operands. Else every row count takes torch._int_mm."""
+    try:
+        generator = torch.Generator().manual_seed(0)
+        weight = torch.randint(-INT8_MAX, INT8_MAX + 1, (64, 256), dtype=torch.int8, generator=generator)
+        weight[:8], weight[8:16] = INT8_MAX, -INT8_MAX  # worst cases for 16-bit pair sums
+        x_q = torch.randint(-INT8_MAX, INT8_MAX + 1, (9, 256), generator=generator).float()
+        x_q[0], x_q[1] = INT8_MAX, -INT8_MAX
+        return torch.equal(_fbgemm_mm(x_q, _pack(weight)), _int_mm(x_q, weight))
+    except (RuntimeError, AttributeError):  # a build without fbgemm / quantized ops
+        return False
 
 
 class Int8Linear(torch.nn.Module):
-    """y = x W.T + b with W int8 per output channel, x int8 per row, int32 accumulation (row-invariant)."""
+    """y = x W.T + b with W int8 per output channel, x int8 per row, exact integer sums (row-invariant).
+
+    One row takes torch._int_mm, 2+ rows fbgemm (FBGEMM_MIN_ROWS): both give the exact sums, then the same
+    y = (sums * w_scale) * x_scale + b, so which kernel ran never changes a bit.
+    """
 
     weight: torch.Tensor  # [out, in] int8 (a buffer: `.weight.shape` still reads as a Linear's)
     weight_scale: torch.Tensor  # [out] float32: W ≈ weight * weight_scale[:, None]
@@ -48,9 +102,10 @@ class Int8Linear(torch.nn.Module):
         weight = weight.detach().float()  # [out, in]
         self.out_features, self.in_features = weight.shape
         weight_q, weight_scale = _quantize_rows(weight)
-        self.register_buffer("weight", weight_q)
+        self.register_buffer("weight", weight_q.to(torch.int8))
         self.register_buffer("weight_scale", weight_scale)
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+        self.packed = None  # fbgemm's copy of `weight`, made at the first forward of 2+ rows
 
     @classmethod
     def from_module(cls, module: torch.nn.Module) -> "Int8Linear":
@@ -61,8 +116,13 @@ class Int8Linear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)  # [M, in], M = tokens
         x_q, x_scale = _quantize_rows(rows.float())
-        acc = torch._int_mm(x_q, self.weight.t())  # [M, out] int32, exact
-        y = acc.float() * x_scale[:, None] * self.weight_scale  # [M, out]
+        if rows.shape[0] >= FBGEMM_MIN_ROWS and fbgemm_is_exact():
+            if self.packed is None:
+                self.packed = _pack(self.weight)
+            sums = _fbgemm_mm(x_q, self.packed)  # [M, out]
+        else:
+            sums = _int_mm(x_q, self.weight)  # [M, out]
+        y = sums * self.weight_scale * x_scale[:, None]  # [M, out]
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
