@@ -122,16 +122,22 @@ def stage_transplant(target, other, folder: Path) -> str:
 
 
 def stage_data(target, settings: RecipeSettings, folder: Path) -> str:
+    start = time.perf_counter()
     data = _data(target, settings, folder)
+    seconds = time.perf_counter() - start
     tokens = sum(len(e.completion_ids) for e in data)
-    summary = {"prompts": len(data), "continuation_tokens": tokens, "generation_batch": settings.generation_batch}
+    summary = {"prompts": len(data), "continuation_tokens": tokens, "generation_batch": settings.generation_batch,
+               "s_per_row": round(seconds / len(data), 2)}
     note = ""
     if settings.generation_batch > 1:  # batching may change rounding: compare a few rows with one at a time
         checked = data[:BATCH_CHECKS]
+        start = time.perf_counter()
         alone = generate_examples(target, [e.prompt_ids for e in checked], max_new_tokens=settings.max_new_tokens)
+        summary["one_at_a_time_s_per_row"] = round((time.perf_counter() - start) / len(checked), 2)
         same = sum(a.completion_ids == e.completion_ids for a, e in zip(alone, checked))
         summary["identical_to_one_at_a_time"] = f"{same}/{len(checked)}"
-        note = f"; batched rows equal to one-at-a-time: {same}/{len(checked)}"
+        note = (f"; {summary['s_per_row']:.1f} s per row batched vs {summary['one_at_a_time_s_per_row']:.1f} s one at "
+                f"a time, rows equal to one-at-a-time: {same}/{len(checked)}")
     cache.write_text(folder / "data.json", json.dumps(summary))
     return f"{len(data)} target continuations, {tokens} tokens{note}"
 
