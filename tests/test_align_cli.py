@@ -80,7 +80,7 @@ def experiment_args(folders, out):
     return ["experiment", "align-distill", "--target", folders["target"], "--same-draft", folders["same"],
             "--other-draft", folders["other"], "--prompts", folders["prompts"], "--steps", "3", "--eval-every", "0",
             "--max-new-tokens", "6", "--eval-max-new-tokens", "6", "--measure-max-new-tokens", "8", "--k", "3",
-            "--most-frequent", "50", "--out", str(out)]
+            "--most-frequent", "50", "--generation-batch", "3", "--out", str(out)]
 
 
 def test_experiment_runs_every_stage_and_writes_the_table(folders, capsys):
@@ -91,6 +91,8 @@ def test_experiment_runs_every_stage_and_writes_the_table(folders, capsys):
     assert report["steps_done"] == 3 and len(report["evals"]) == 2
     assert (domain / "distill" / "loss.html").stat().st_size > 1000
     assert json.loads((domain / "report.json").read_text())["identical"] is False
+    data = json.loads((domain / "data.json").read_text())
+    assert data["prompts"] == 4 and data["generation_batch"] == 3 and data["identical_to_one_at_a_time"] == "2/2"
     rows = json.loads((domain / "results.json").read_text())["rows"]
     assert [r["draft"][:3] for r in rows] == ["tar", "(a)", "(b)", "(c)", "(d)", "(e)", "(f)"]
     assert all(r["identical_outputs"] == "2/2" for r in rows)  # greedy: every draft leaves the output unchanged
