@@ -72,6 +72,20 @@ def test_int8_linear_zero_row_gives_bias():
     assert torch.equal(layer(torch.zeros(2, 16)), torch.arange(8.0).expand(2, 8))
 
 
+def test_shared_input_slices_equal_separate_layers_bitwise():
+    torch.manual_seed(0)
+    linears = [torch.nn.Linear(64, out) for out in (64, 32, 32)]  # q, k, v
+    shared = quant.SharedInputInt8(linears)
+    slices = [quant.Int8Slice(shared, 0, 64), quant.Int8Slice(shared, 64, 96), quant.Int8Slice(shared, 96, 128)]
+    for rows in (1, 5):
+        x, other = torch.randn(1, rows, 64), torch.randn(1, rows, 64)
+        assert all(torch.equal(s(x), Int8Linear.from_module(m)(x)) for s, m in zip(slices, linears))
+        assert shared.last_input is None  # every member read it: nothing kept between forwards
+        assert torch.equal(slices[0](x), Int8Linear.from_module(linears[0])(x))
+        assert torch.equal(slices[1](other), Int8Linear.from_module(linears[1])(other))  # a new input: recomputed
+        shared.unread = 0
+
+
 @pytest.mark.parametrize("tied", [False, True])
 def test_every_linear_becomes_int8_and_a_tied_head_is_untied(tied):
     config = tiny_config("qwen2")
@@ -143,13 +157,14 @@ def test_forward_of_n_tokens_equals_n_one_token_steps(arch):
         assert torch.equal(together, alone), f"n={n}"
 
 
-def test_forward_is_row_invariant_at_qwen_1p5b_widths():
-    """One layer at the 1.5B target's widths (hidden 1536, 12 heads of 128, 2 KV heads, MLP 8960), 300 cached."""
+@pytest.mark.parametrize("hidden, heads, mlp", [(1536, 12, 8960), (896, 14, 4864)])  # Qwen2.5 1.5B, 0.5B
+def test_forward_is_row_invariant_at_qwen_widths(hidden, heads, mlp):
+    """One layer at the default pair's widths (2 KV heads), 300 tokens cached."""
     from transformers import Qwen2Config
 
     torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=512, hidden_size=1536, intermediate_size=8960, num_hidden_layers=1,
-                         num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True)
+    config = Qwen2Config(vocab_size=512, hidden_size=hidden, intermediate_size=mlp, num_hidden_layers=1,
+                         num_attention_heads=heads, num_key_value_heads=2, tie_word_embeddings=True)
     model = quantize_int8(AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval())
     context = [(7919 * i) % 500 + 5 for i in range(300)]
     new = [(7 * j + 3) % 400 + 4 for j in range(8)]

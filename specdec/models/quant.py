@@ -31,7 +31,7 @@ from transformers.pytorch_utils import Conv1D
 
 ROWWISE_ATTENTION = "specdec_rowwise"  # name of rowwise_attention in transformers' attention interface
 INT8_MAX = 127  # symmetric range [-127, 127]: -128 is never used, so negation is exact
-FBGEMM_MIN_ROWS = 2  # rows from which fbgemm is faster than torch._int_mm here (one row: a GEMV)
+FBGEMM_MIN_ROWS = 1  # rows from which fbgemm beats torch._int_mm with weights read from memory (all, here)
 TINY = torch.finfo(torch.float32).tiny  # scale of an all-zero row (its quantized values are all 0)
 
 
@@ -64,11 +64,17 @@ def _fbgemm_mm(x_q: torch.Tensor, packed) -> torch.Tensor:
     and 127.5 makes that scale exactly 1 and the zero point 128, so the integers pass through unchanged
     (x + 128 in [1, 255]) and the int32 sums come out exact (checked by `fbgemm_is_exact` on this machine).
     """
-    rows, width = x_q.shape
-    padded = x_q.new_zeros(rows + 1, width)  # [M + 1, K]
-    padded[:rows] = x_q
-    padded[rows, :2] = torch.tensor([-INT8_MAX - 0.5, INT8_MAX + 0.5])
-    return torch.ops.quantized.linear_dynamic(padded, packed, False)[:rows]  # [M, N]
+    padded = torch.cat([x_q, _sentinel(x_q.shape[1])])  # [M + 1, K]
+    return torch.ops.quantized.linear_dynamic(padded, packed, False)[:-1]  # [M, N]
+
+
+@functools.cache
+def _sentinel(width: int) -> torch.Tensor:
+    """[1, width]: -127.5, 127.5, then zeros (see _fbgemm_mm)."""
+    with torch.inference_mode(False):
+        row = torch.zeros(1, width)
+        row[0, :2] = torch.tensor([-INT8_MAX - 0.5, INT8_MAX + 0.5])
+    return row
 
 
 @functools.cache
@@ -89,7 +95,7 @@ def fbgemm_is_exact() -> bool:
 class Int8Linear(torch.nn.Module):
     """y = x W.T + b with W int8 per output channel, x int8 per row, exact integer sums (row-invariant).
 
-    One row takes torch._int_mm, 2+ rows fbgemm (FBGEMM_MIN_ROWS): both give the exact sums, then the same
+    fbgemm or torch._int_mm (FBGEMM_MIN_ROWS, fbgemm_is_exact) give the same exact sums, then the same
     y = (sums * w_scale) * x_scale + b, so which kernel ran never changes a bit.
     """
 
@@ -105,7 +111,7 @@ class Int8Linear(torch.nn.Module):
         self.register_buffer("weight", weight_q.to(torch.int8))
         self.register_buffer("weight_scale", weight_scale)
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
-        self.packed = None  # fbgemm's copy of `weight`, made at the first forward of 2+ rows
+        self.packed = _pack(self.weight) if fbgemm_is_exact() else None  # fbgemm's copy of `weight`
 
     @classmethod
     def from_module(cls, module: torch.nn.Module) -> "Int8Linear":
@@ -116,9 +122,7 @@ class Int8Linear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)  # [M, in], M = tokens
         x_q, x_scale = _quantize_rows(rows.float())
-        if rows.shape[0] >= FBGEMM_MIN_ROWS and fbgemm_is_exact():
-            if self.packed is None:
-                self.packed = _pack(self.weight)
+        if self.packed is not None and rows.shape[0] >= FBGEMM_MIN_ROWS:
             sums = _fbgemm_mm(x_q, self.packed)  # [M, out]
         else:
             sums = _int_mm(x_q, self.weight)  # [M, out]
@@ -129,6 +133,54 @@ class Int8Linear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class SharedInputInt8(Int8Linear):
+    """Linears that read the same input (q/k/v, gate/up) as one Int8Linear: one quantization, one GEMM.
+
+    Each former Linear becomes an `Int8Slice` of its output columns. The first slice called with an input
+    computes all columns; the others, called with that same tensor object, take their columns of it. Rows are
+    quantized with the same scale either way and the sums are exact, so the bits are those of separate layers.
+    """
+
+    def __init__(self, modules: list[torch.nn.Module]):
+        weights = [m.weight.t() if isinstance(m, Conv1D) else m.weight for m in modules]
+        has_bias = modules[0].bias is not None
+        super().__init__(torch.cat(weights), torch.cat([m.bias for m in modules]) if has_bias else None)
+        self.members = len(modules)
+        self.last_input, self.last_output, self.unread = None, None, 0
+
+    def output_for(self, x: torch.Tensor) -> torch.Tensor:
+        """This layer's output for `x`: computed once per input for all members, then read by each."""
+        if self.unread == 0 or x is not self.last_input:
+            self.last_input, self.last_output, self.unread = x, self(x), self.members
+        output, self.unread = self.last_output, self.unread - 1
+        if self.unread == 0:
+            self.last_input = self.last_output = None  # keep no activations between forwards
+        return output
+
+
+class Int8Slice(torch.nn.Module):
+    """Columns start:end of a SharedInputInt8's output: what one of the Linears it replaced computed."""
+
+    def __init__(self, shared: SharedInputInt8, start: int, end: int):
+        super().__init__()
+        self.shared = [shared]  # a list: the shared layer is registered once, on the parent module
+        self.start, self.end = start, end
+        self.in_features, self.out_features = shared.in_features, end - start
+
+    @property
+    def weight(self) -> torch.Tensor:  # [out, in] int8, for code that reads a Linear's shape
+        return self.shared[0].weight[self.start:self.end]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.shared[0].output_for(x)[..., self.start:self.end]
+
+    def extra_repr(self) -> str:
+        return f"columns {self.start}:{self.end} of a shared-input int8 layer"
+
+
+SHARED_INPUTS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # sibling Linears fed one tensor
 
 
 def rowwise_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -160,13 +212,14 @@ ALL_MASK_ATTENTION_FUNCTIONS.register(ROWWISE_ATTENTION, sdpa_mask)  # a padding
 def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
     """Make a float32 CPU causal LM row-invariant in place (see the module docstring) and return it.
 
-    Every Linear (RowsFirstLinear and ColumnMajorHead included) and Conv1D becomes an Int8Linear; the LM head
-    too, and when it is tied to the input embeddings only the head's copy is quantized (the embedding stays
+    Every Linear (RowsFirstLinear and ColumnMajorHead included) and Conv1D becomes an Int8Linear (siblings
+    that read one input, q/k/v and gate/up, one SharedInputInt8 read through Int8Slices); the LM head too, and when it is tied to the input embeddings only the head's copy is quantized (the embedding stays
     float32). Attention becomes `rowwise_attention`.
     """
     parameter = next(model.parameters())
     if parameter.dtype != torch.float32 or parameter.device.type != "cpu":
         raise ValueError(f"quantize_int8 takes a float32 CPU model, got {parameter.dtype} on {parameter.device}")
+    _share_inputs(model)
     targets = [(name, module) for name, module in model.named_modules()
                if isinstance(module, (torch.nn.Linear, Conv1D))]
     for name, module in targets:
@@ -177,6 +230,22 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
         if config is not None:
             config._attn_implementation = ROWWISE_ATTENTION
     return model
+
+
+def _share_inputs(model: torch.nn.Module) -> None:
+    """Replace each group of SHARED_INPUTS Linears (same input width, all or none with a bias) by Int8Slices."""
+    for parent in list(model.modules()):
+        for names in SHARED_INPUTS:
+            modules = [getattr(parent, name, None) for name in names]
+            if not all(isinstance(m, torch.nn.Linear) for m in modules) \
+                    or len({m.in_features for m in modules}) > 1 or len({m.bias is None for m in modules}) > 1:
+                continue
+            shared = SharedInputInt8(modules)
+            parent.add_module("_".join(names) + "_int8", shared)
+            start = 0
+            for name, module in zip(names, modules):
+                setattr(parent, name, Int8Slice(shared, start, start + module.out_features))
+                start += module.out_features
 
 
 def is_quantized(model: torch.nn.Module) -> bool:
