@@ -220,11 +220,11 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
     if parameter.dtype != torch.float32 or parameter.device.type != "cpu":
         raise ValueError(f"quantize_int8 takes a float32 CPU model, got {parameter.dtype} on {parameter.device}")
     _share_inputs(model)
-    targets = [(name, module) for name, module in model.named_modules()
-               if isinstance(module, (torch.nn.Linear, Conv1D))]
-    for name, module in targets:
+    names = [name for name, module in model.named_modules() if isinstance(module, (torch.nn.Linear, Conv1D))]
+    for name in names:  # one at a time, so each float32 weight is freed as soon as its int8 copy exists
         parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), child, Int8Linear.from_module(module))
+        parent = model.get_submodule(parent_name)
+        setattr(parent, child, Int8Linear.from_module(getattr(parent, child)))
     model.config.tie_word_embeddings = False  # the head is its own (int8) copy now
     for config in (model.config, *[getattr(model.config, key) for key in model.config.sub_configs]):
         if config is not None:
@@ -234,7 +234,8 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
 
 def _share_inputs(model: torch.nn.Module) -> None:
     """Replace each group of SHARED_INPUTS Linears (same input width, all or none with a bias) by Int8Slices."""
-    for parent in list(model.modules()):
+    parents = [name for name, module in model.named_modules() if any(hasattr(module, n[0]) for n in SHARED_INPUTS)]
+    for parent in map(model.get_submodule, parents):  # names, not modules: replaced weights are freed as we go
         for names in SHARED_INPUTS:
             modules = [getattr(parent, name, None) for name in names]
             if not all(isinstance(m, torch.nn.Linear) for m in modules) \
