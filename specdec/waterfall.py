@@ -36,10 +36,10 @@ def theory_steps(alpha: float, k: int, c: float, v: float) -> list[Step]:
     """Eq. 1 -> Leviathan's bound -> priced verification, for alpha, k, c and v = v(k+1)."""
     tokens = theory.expected_tokens_per_step(alpha, k)
     return [
-        Step("tokens per target forward (Eq. 1)", tokens, f"(1 − α^(k+1))/(1 − α) at α = {alpha:.3f}, k = {k}"),
-        Step("÷ (1 + k·c): drafting (Leviathan's bound)", theory.walltime_speedup(alpha, k, c),
+        Step("Eq. 1: tokens per target forward", tokens, f"(1 − α^(k+1))/(1 − α) at α = {alpha:.3f}, k = {k}"),
+        Step("÷ (1 + k·c) drafting = Leviathan's bound", theory.walltime_speedup(alpha, k, c),
              f"÷ (1 + {k}·{c:.3f})"),
-        Step("× (1 + k·c)/(v(k+1) + k·c): verification", theory.predicted_speedup(alpha, k, c, v),
+        Step("verification at v(k+1) steps", theory.predicted_speedup(alpha, k, c, v),
              f"verification costs v(k+1) = {v:.2f} target steps, not 1"),
     ]
 
@@ -49,7 +49,7 @@ def cost_waterfall(result: GenerationResult, baseline: GenerationResult | None =
     prediction); the prefill and measured steps need `baseline`, the target alone on the same prompt."""
     s = result.stats
     steps = theory_steps(s.acceptance_rate, s.k, s.cost_ratio, s.verify_cost)
-    steps.append(Step("the rounds as they ran", s.predicted_speedup,
+    steps.append(Step("the rounds as they ran = predicted", s.predicted_speedup,
                       "emitted tokens / Σ over rounds of (v(n+1) + draft forwards·c): real accepted lengths"))
     if baseline is None or not result.token_ids:
         return steps
@@ -58,9 +58,9 @@ def cost_waterfall(result: GenerationResult, baseline: GenerationResult | None =
     alone = len(result.token_ids) * step_s  # the target alone's decode of as many tokens, in seconds
     ours = ratio(alone, s.predicted_speedup)  # the speculative decode the costs predict, in seconds
     with_prefill = ratio(alone + b.prefill_time_s, ours + s.prefill_time_s)
-    steps.append(Step("+ prefill (both runs read the prompt)", with_prefill,
+    steps.append(Step("+ prefill", with_prefill,
                       f"prefill {s.prefill_time_s * 1e3:.0f} ms here, {b.prefill_time_s * 1e3:.0f} ms for the "
                       "target alone"))
-    steps.append(Step("remaining overhead = measured", measured_speedup(s, b),
+    steps.append(Step("− overhead = measured", measured_speedup(s, b),
                       "tokens/s ÷ tokens/s of the target alone; the step is sampling, cache bookkeeping, Python"))
     return steps

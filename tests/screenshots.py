@@ -2,6 +2,7 @@
 
 Used by tests/test_browser.py and to make the screenshots in docs/:
     cd tests && python -m screenshots http://127.0.0.1:7860 ../docs/screenshots [live,compare,theory]
+    cd tests && python -m screenshots http://127.0.0.1:7860 ../docs/screenshots teach  # step-through, position, waterfall
 """
 from __future__ import annotations
 
@@ -54,6 +55,70 @@ def run_theory(page, timeout_ms: int, k_max: int = 4) -> None:
     page.wait_for_selector("#theory-plot .main-svg", timeout=timeout_ms)
 
 
+STEP_READ = """e => ({round: +e.dataset.round, accepted: +e.dataset.accepted, target: +e.dataset.targetToken,
+    drafts: [...e.querySelectorAll('.draft-token')].map(c => +c.dataset.tokenId),
+    top1: [...e.querySelectorAll('.target-top1')].map(c => +c.dataset.tokenId),
+    p_draft: [...e.querySelectorAll('.p-draft')].map(c => +c.dataset.value)})"""  # what one shown round says
+
+
+def choose_k(page, k: int) -> None:
+    """Pick a fixed k in the live tab's k dropdown."""
+    box = page.locator("#k input")
+    box.click()
+    box.fill(str(k))
+    page.get_by_role("option", name=str(k), exact=True).click()
+
+
+def run_step(page, timeout_ms: int, rounds: int = 3) -> list[dict]:
+    """Start the step-through and press Next round until `rounds` rounds were shown; what each round showed."""
+    shown = []
+    for index in range(1, rounds + 1):
+        page.click("#step-start" if index == 1 else "#step-next")
+        page.wait_for_selector(f'#step-panel #step-round[data-round="{index}"]', timeout=timeout_ms)
+        shown.append(page.locator("#step-panel #step-round").evaluate(STEP_READ))
+    return shown
+
+
+def run_position(page, timeout_ms: int, round_index: int = 1, position: int = 1) -> str:
+    """Show one position of the step-through; return its text line."""
+    for selector, value in (("#position-round", round_index), ("#position-index", position)):
+        page.locator(f"{selector} input").fill(str(value))
+        page.locator(f"{selector} input").press("Tab")
+    page.click("#position-show")
+    wait_for_text(page, "#position-text", f"Round {round_index}, position {position}", timeout_ms)
+    page.wait_for_selector("#position-plot .main-svg", timeout=timeout_ms)
+    return page.locator("#position-text").inner_text()
+
+
+def teaching_screenshots(url: str, out_dir: str | Path, timeout_ms: int = 600_000) -> list[Path]:
+    """step-through.png, position.png (sampling, a rejected position when there is one) and waterfall.png."""
+    from playwright.sync_api import sync_playwright
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = open_browser(playwright)
+        page = browser.new_page(viewport=VIEWPORT)
+        page.goto(url)
+        choose_k(page, 4)
+        run_live(page, timeout_ms)
+        page.wait_for_selector("#waterfall-plot .main-svg", timeout=timeout_ms)
+        page.locator("#waterfall-plot").screenshot(path=str(out_dir / "waterfall.png"))
+        page.get_by_label("sampling").check()
+        shown = run_step(page, timeout_ms, rounds=1)
+        while shown[-1]["accepted"] == len(shown[-1]["drafts"]) and len(shown) < 12:  # find a rejection
+            page.click("#step-next")
+            page.wait_for_selector(f'#step-panel #step-round[data-round="{len(shown) + 1}"]', timeout=timeout_ms)
+            shown.append(page.locator("#step-panel #step-round").evaluate(STEP_READ))
+        page.locator("#step-panel").screenshot(path=str(out_dir / "step-through.png"))
+        last = shown[-1]
+        position = min(last["accepted"] + 1, len(last["drafts"]) + 1)
+        run_position(page, timeout_ms, last["round"], position)
+        page.locator("#position-plot").screenshot(path=str(out_dir / "position.png"))
+        browser.close()
+    return [out_dir / name for name in ("step-through.png", "position.png", "waterfall.png")]
+
+
 def screenshots(url: str, out_dir: str | Path, tabs: tuple[str, ...] = ("live", "compare", "theory"),
                 timeout_ms: int = 600_000) -> list[Path]:
     """Run each of `tabs` once and save one full-page PNG per tab into `out_dir`; return the paths."""
@@ -78,5 +143,9 @@ def screenshots(url: str, out_dir: str | Path, tabs: tuple[str, ...] = ("live", 
 
 if __name__ == "__main__":
     chosen = tuple(sys.argv[3].split(",")) if len(sys.argv) > 3 else ("live", "compare", "theory")
-    for saved_path in screenshots(sys.argv[1], sys.argv[2], chosen):
+    if chosen == ("teach",):
+        saved = teaching_screenshots(sys.argv[1], sys.argv[2])
+    else:
+        saved = screenshots(sys.argv[1], sys.argv[2], chosen)
+    for saved_path in saved:
         print(saved_path)

@@ -158,6 +158,8 @@ def test_after_live_gives_waterfall_and_downloads_for_the_sessions_last_run(hub,
     assert teach.after_live(control) == (gr.skip(), gr.skip(), gr.skip())
     list(handlers.live_decode(hub, paths["target"], paths["draft"], "auto", PROMPT, 3, 16, False, 0.8, 1.0, 0, True,
                               control, progress=Progress()))
+    run = teach._LAST[control]
+    assert len(run.baseline.token_ids) == len(run.result.token_ids)  # the baseline ran to the same length
     figure, json_path, csv_path = teach.after_live(control)
     assert figure.data[0].type == "waterfall" and len(figure.data[0].x) == 6
     assert json.loads(open(json_path, encoding="utf-8").read())["stats"]["rounds"] > 0
@@ -173,3 +175,13 @@ def test_special_tokens_render_as_readable_markers():
     html_text = chips_html([], SpecialTokenizer(), prompt="<|im_start|>user\nhi<|im_end|>")
     assert '<span class="special-token">⟨im_start⟩</span>user⏎' in html_text and "⟨im_end⟩" in html_text
     assert "&lt;|im_start|&gt;" not in html_text
+
+
+def test_classroom_preset_and_default_prompt():
+    from specdec.dashboard.config import PROMPTS
+    from specdec.models.entries import default_name
+
+    target, draft, preset, prompt, k, new = teach.classroom(24)
+    assert prompt == PROMPTS[preset] and new == 24 and 1 <= k <= 10
+    assert draft in ("lookup", default_name("draft")) and target == default_name("target")
+    assert next(iter(PROMPTS)) == "Python code" and PROMPTS["Chinese chat: 今天天气"] == "今天天气"

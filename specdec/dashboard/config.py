@@ -25,13 +25,19 @@ from dataclasses import dataclass
 
 from specdec.limits import K_UI_MAX
 
+SUMMARY_PROMPT = (  # a summary repeats the text's phrases: what prompt lookup drafts from
+    "Text: The city council voted on Tuesday to extend the bicycle lane network by 40 kilometres over the next "
+    "three years. The extension will connect the northern suburbs to the city centre and to the main railway "
+    "station. The council said the project will cost 12 million euros and will be paid for by the regional "
+    "transport fund.\n\nSummarise the text above in two sentences.\nSummary: The city council voted on Tuesday to")
 K_RANGE = (1, K_UI_MAX)  # draft tokens per round offered by the dashboard (specdec.limits)
 MODEL_DRAFTERS = ("lookup", "self:4", "self:8", "self:14")  # need no second model: prompt lookup, first L target layers
 DTYPES = ("auto", "float32", "bfloat16")
 
-PROMPTS = {  # preset name -> prompt text
-    "Chinese chat: 今天天气": "今天天气",
+PROMPTS = {  # preset name -> prompt text (the first is the live tab's default: English code, where speculation works)
     "Python code": "def fibonacci(n: int) -> list[int]:\n    \"\"\"Return the first n Fibonacci numbers.\"\"\"\n",
+    "summarise (prompt lookup copies from it)": SUMMARY_PROMPT,
+    "Chinese chat: 今天天气": "今天天气",
     "finance / quant code": (
         "import pandas as pd\n\n"
         "def max_drawdown(prices: pd.Series) -> float:\n"

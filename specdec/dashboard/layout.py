@@ -67,9 +67,11 @@ def build_demo(config: AppConfig, hub: ModelHub | None = None) -> gr.Blocks:
                         bridge = gr.Radio(list(BRIDGES), value="auto", label="draft vocabulary",
                                           info="auto: through the text bridge when the tokenizers differ")
                         preset = gr.Dropdown(list(PROMPTS), value=next(iter(PROMPTS)), label="prompt preset")
+                        classroom = gr.Button("Classroom preset: quick enough to watch on a laptop CPU", size="sm",
+                                              elem_id="classroom")
                         prompt = gr.Textbox(next(iter(PROMPTS.values())), label="prompt", lines=4, elem_id="prompt",
                                             info=f"at most {config.max_prompt_chars} characters on this host")
-                        k = gr.Dropdown(K_CHOICES, value="auto", label="k: draft tokens per round",
+                        k = gr.Dropdown(K_CHOICES, value="auto", label="k: draft tokens per round", elem_id="k",
                                         info="auto: chosen each round (0 = a plain target step) from the measured "
                                              "acceptance and what verification costs on this machine")
                         max_new = gr.Slider(1, config.max_new_tokens_cap, value=min(48, config.max_new_tokens_cap),
@@ -167,6 +169,8 @@ def build_demo(config: AppConfig, hub: ModelHub | None = None) -> gr.Blocks:
         # --- events -------------------------------------------------------------------------------
         live_outputs = [chips, table, acceptance_plot, histogram_plot, positions_plot, stats, status]
         preset.change(handlers.preset_prompt, preset, prompt, api_visibility="private")
+        classroom.click(partial(teach.classroom, config.max_new_tokens_cap), None, [target, draft, preset, prompt, k, max_new], api_visibility="private",
+                        queue=False)
         queued = run.click(RunControl.queued, control, None, api_visibility="private", queue=False)  # Stop keeps
         decoded = queued.then(partial(handlers.live_decode, hub),  # working while the decode waits in the queue
                               [target, draft, bridge, prompt, k, max_new, sampling, temperature, top_p, seed, baseline,

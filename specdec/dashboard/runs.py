@@ -137,12 +137,14 @@ def stream(decode: Callable[[Callable[[Round], bool]], GenerationResult], token:
     threading.Thread(target=work, daemon=True, name="specdec-decode").start()
     rounds: list[Round] = []
     last_update = 0.0
+    finished = False
     try:
         while True:
             item = events.get()
             if isinstance(item, BaseException):
                 raise item
             if isinstance(item, GenerationResult):
+                finished = True  # the token stays usable: the baseline that follows reads it too
                 yield item
                 return
             rounds.append(item)
@@ -150,7 +152,8 @@ def stream(decode: Callable[[Callable[[Round], bool]], GenerationResult], token:
                 last_update = time.perf_counter()
                 yield list(rounds)
     finally:
-        token.stopped = True  # normal end: no effect; consumer gone: the worker ends after its round
+        if not finished:  # consumer gone or an error: the worker ends after its round
+            token.stopped = True
 
 
 def partial_result(rounds: list[Round], k: int | str, costs: CostModel | None = None) -> GenerationResult:

@@ -48,6 +48,26 @@ CSS = """
 """
 
 
+# --- classroom preset -----------------------------------------------------------------------------
+
+CLASSROOM = {  # a run that is quick enough to watch live on a laptop CPU (chosen by measurement, see README)
+    "target": "qwen2.5-coder-1.5b-instruct",
+    "draft": "lookup",  # prompt lookup: no draft model to run, drafts copied from the prompt
+    "preset": "summarise (prompt lookup copies from it)",
+    "k": 4,
+    "max_new_tokens": 32,
+}
+
+
+def classroom(max_new_tokens_cap: int = 256):
+    """(target, draft, preset, prompt, k, max new tokens) of the classroom preset (within this host's cap)."""
+    from .config import PROMPTS
+
+    c = CLASSROOM
+    return (c["target"], c["draft"], c["preset"], PROMPTS[c["preset"]], c["k"],
+            min(c["max_new_tokens"], max_new_tokens_cap))
+
+
 # --- step-through ---------------------------------------------------------------------------------
 
 class Stepper:
@@ -264,10 +284,11 @@ def position_figure(view: PositionView, tokenizer):
 
 def waterfall_figure(steps: list[Step], title: str = "from the bound to the measurement"):
     """The steps as a waterfall: the first bar absolute, then each step's change, the last a total."""
+    top = max([s.value for s in steps] + [1.0])
     return figures.figure(title, "", "speedup over the target alone",
                           [figures.Series("speedup", [s.label for s in steps], [s.value for s in steps],
                                           kind="waterfall", text=[f"{s.value:.2f}×" for s in steps],
-                                          hover=[s.formula for s in steps])])
+                                          hover=[s.formula for s in steps])], y_range=(0, top * 1.3))
 
 
 def theory_waterfall(alpha: float, c: float, slope: float, k: int):
