@@ -191,6 +191,15 @@ def test_greedy_speculative_equals_int8_target_alone(pair, k):
         assert result.token_ids == alone
 
 
+def test_int8_target_alone_matches_transformers_generate(pair):
+    """HF generate reads the prompt in one forward, our loop reads all but its last token first: same rows."""
+    target, _ = pair
+    ids = torch.tensor([PROMPT])
+    expected = target.generate(ids, do_sample=False, max_new_tokens=30, pad_token_id=0, eos_token_id=None,
+                               attention_mask=torch.ones_like(ids))[0, len(PROMPT):].tolist()
+    assert autoregressive_generate(target, PROMPT, max_new_tokens=30, eos_token_id=[]).token_ids == expected
+
+
 def near_tie_model(arch: str):
     """An int8 model whose head row `b` is row `a` scaled by (1 + 2^-21): wherever a or b leads, the two
     logits differ by ~2^-21 relative, far below float32 rounding noise (trace.ROUNDING_NOISE, 2^-14)."""
