@@ -185,3 +185,15 @@ def test_classroom_preset_and_default_prompt():
     assert prompt == PROMPTS[preset] and new == 24 and 1 <= k <= 10
     assert draft in ("lookup", default_name("draft")) and target == default_name("target")
     assert next(iter(PROMPTS)) == "Python code" and PROMPTS["Chinese chat: 今天天气"] == "今天天气"
+
+
+def test_stepper_close_ends_the_paused_decode_after_its_round():
+    target = tiny_model("llama", seed=0)
+    draft = perturbed_copy(target, 0.3)
+    stepper = teach.Stepper(lambda on_round: speculative_generate(target, draft, [5, 6, 7], k=2, max_new_tokens=30,
+                                                                  on_round=on_round))
+    assert stepper.next_round() is not None and stepper.next_round() is not None
+    thread = stepper._thread
+    stepper.close()
+    thread.join(timeout=30)
+    assert not thread.is_alive() and stepper.next_round() is None and len(stepper.rounds) == 2
