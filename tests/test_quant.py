@@ -55,16 +55,18 @@ def test_fbgemm_and_int_mm_give_the_same_exact_sums():
         assert torch.equal(quant._fbgemm_mm(x_q, packed), quant._int_mm(x_q, weight))
 
 
-@pytest.mark.parametrize("fbgemm", [True, False])
-def test_int8_linear_bits_do_not_depend_on_the_kernel(monkeypatch, fbgemm):
+@pytest.mark.parametrize("min_rows", [1, 4, 100])
+def test_int8_linear_bits_do_not_depend_on_the_kernel(monkeypatch, min_rows):
+    """fbgemm from min_rows rows on, torch._int_mm below, or _int_mm only (no packed copy): the same bits."""
     torch.manual_seed(0)
     layer = Int8Linear(torch.randn(96, 64), torch.randn(96))
     x = torch.randn(7, 64)
     expected = layer(x)
-    monkeypatch.setattr(quant, "fbgemm_is_exact", lambda: fbgemm)
-    monkeypatch.setattr(quant, "FBGEMM_MIN_ROWS", 1)
+    monkeypatch.setattr(quant, "FBGEMM_MIN_ROWS", min_rows)
     assert torch.equal(layer(x), expected)
     assert rows_alone_equal(layer, x[None])
+    layer.packed = None
+    assert torch.equal(layer(x), expected)
 
 
 def test_int8_linear_zero_row_gives_bias():

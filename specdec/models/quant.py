@@ -92,6 +92,14 @@ def fbgemm_is_exact() -> bool:
         return False
 
 
+def _same_sums(packed, weight: torch.Tensor) -> bool:
+    """Whether fbgemm's and torch._int_mm's sums agree for this weight on two probe rows (extreme, random)."""
+    generator = torch.Generator().manual_seed(0)
+    x_q = torch.randint(-INT8_MAX, INT8_MAX + 1, (2, weight.shape[1]), generator=generator).float()
+    x_q[0] = INT8_MAX
+    return torch.equal(_fbgemm_mm(x_q, packed), _int_mm(x_q, weight))
+
+
 class Int8Linear(torch.nn.Module):
     """y = x W.T + b with W int8 per output channel, x int8 per row, exact integer sums (row-invariant).
 
@@ -112,6 +120,8 @@ class Int8Linear(torch.nn.Module):
         self.register_buffer("weight_scale", weight_scale)
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
         self.packed = _pack(self.weight) if fbgemm_is_exact() else None  # fbgemm's copy of `weight`
+        if self.packed is not None and not _same_sums(self.packed, self.weight):
+            self.packed = None  # never seen; a kernel path for this shape that is not exact falls back
 
     @classmethod
     def from_module(cls, module: torch.nn.Module) -> "Int8Linear":
