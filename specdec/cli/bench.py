@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
-from ..bench import BenchConfig, advice_rows, cells_to_run, contender, format_report, run_bench, summarise
+import torch
+
+from ..bench import BenchConfig, advice_rows, cells_to_run, contender, format_report, llamacpp, run_bench, summarise
 from ..costs import calibrate
 from ..limits import K_AUTO_START, K_MAX
 from ..measure import Calibration, calibrate_layers
@@ -69,6 +72,7 @@ def run(args) -> int:
           f"{', '.join(c.name for c in contenders if c.hf_assistant is not None) or 'none'}")
     rows = bench_with_progress(target, contenders, prompts, args.k, config, out, hf_plain=not args.no_hf_generate)
     report = (calibration_text(calibration) if calibration else "") + format_report(rows)
+    report += llama_cpp_section(args, target, prompts, out)
     (out / SUMMARY_MD).write_text(report, encoding="utf-8")
     charts = write_charts(rows, out)
     print(report)
@@ -79,6 +83,31 @@ def run(args) -> int:
         print(f"error: greedy output left the target's and rounding does not explain it ({row['draft']}, "
               f"k={row['k']}, {row['prompt_id']}): {row['divergence']['describe']}", file=sys.stderr)
     return BUG_EXIT if bugs else 0
+
+
+def llama_cpp_section(args, target, prompts, out: Path) -> str:
+    """llama.cpp on the same GGUF files and prompts, when its binaries are there (`specdec.bench.llamacpp`)."""
+    binaries = llamacpp.find_binaries()
+    target_gguf = llamacpp.gguf_of(args.target)
+    drafts = {spec: llamacpp.gguf_of(spec) for spec in args.draft}
+    drafts = {spec: path for spec, path in drafts.items() if path is not None}
+    if binaries is None or target_gguf is None or not drafts:
+        return ""
+    threads = torch.get_num_threads()
+    alone = llamacpp.target_alone_tok_s(binaries, target_gguf, args.max_new_tokens, threads)
+    runs = []
+    for prompt in prompts:
+        text = target.tokenizer.decode(encode(prompt, target.tokenizer))
+        for spec, draft_gguf in drafts.items():
+            for k in sorted({K_AUTO_START if k == "auto" else k for k in args.k}):
+                tok_s, accept = llamacpp.speculative(binaries, target_gguf, draft_gguf, text, args.max_new_tokens, k,
+                                                     threads)
+                runs.append(llamacpp.LlamaCppRun(spec, k, prompt.id, alone, tok_s, accept))
+                print(f"llama.cpp {spec} k={k} {prompt.id}: {tok_s:.2f} tok/s ({runs[-1].speedup:.2f}x its "
+                      f"target alone, {alone:.2f} tok/s)", flush=True)
+    (out / "llama_cpp.json").write_text(json.dumps([asdict(r) for r in runs], indent=1), encoding="utf-8")
+    return ("\n## llama.cpp on the same GGUF files (its own target alone and speculative decoding)\n\n"
+            + llamacpp.markdown(runs) + "\n")
 
 
 def calibrated(spec: str, draft, target):

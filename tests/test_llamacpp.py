@@ -1,0 +1,76 @@
+"""The optional llama.cpp column, against stand-in binaries that print what llama.cpp prints."""
+import json
+import os
+from types import SimpleNamespace
+
+import pytest
+
+from specdec.bench import llamacpp
+from specdec.cli import bench as bench_cli
+from specdec.suites import Prompt
+
+BENCH_OUT = '[{"model_type": "qwen2 1.5B Q4_K - Medium", "n_gen": 16, "avg_ts": 29.7, "stddev_ts": 0.3}]'
+SPEC_OUT = """def quicksort(arr):
+encoded    5 tokens in    0.100 seconds, speed:   50.000 t/s
+decoded   20 tokens in    1.000 seconds, speed:   20.000 t/s
+n_draft   = 4
+n_predict = 20
+n_drafted = 16
+n_accept  = 12
+accept    = 75.000%
+"""
+
+
+@pytest.fixture
+def binaries(tmp_path, monkeypatch):
+    """Stand-ins for llama-bench and llama-speculative-simple that log their arguments."""
+    log = tmp_path / "calls.jsonl"
+    for name, output in ((llamacpp.BENCH, BENCH_OUT), (llamacpp.SPECULATIVE, SPEC_OUT)):
+        script = tmp_path / name
+        script.write_text(f"#!/usr/bin/env python3\nimport json, sys\nopen({str(log)!r}, 'a').write("
+                          f"json.dumps(sys.argv[1:]) + '\\n')\nprint({output!r})\n")
+        script.chmod(0o755)
+    monkeypatch.setenv(llamacpp.ENV, str(tmp_path))
+    return llamacpp.find_binaries(), log
+
+
+def test_binaries_are_found_only_when_both_are_there(binaries, tmp_path, monkeypatch):
+    found, _ = binaries
+    assert set(found) == {llamacpp.BENCH, llamacpp.SPECULATIVE}
+    os.remove(tmp_path / llamacpp.SPECULATIVE)
+    assert llamacpp.find_binaries() is None
+    monkeypatch.setenv(llamacpp.ENV, str(tmp_path / "nowhere"))
+    assert llamacpp.find_binaries() is None
+
+
+def test_outputs_are_parsed_and_arguments_passed(binaries, tmp_path):
+    found, log = binaries
+    assert llamacpp.target_alone_tok_s(found, tmp_path / "t.gguf", 16, 2) == 29.7
+    tok_s, accept = llamacpp.speculative(found, tmp_path / "t.gguf", tmp_path / "d.gguf", "def f():", 16, 4, 2)
+    assert tok_s == 20.0 and accept == 0.75
+    bench_args, spec_args = [json.loads(line) for line in log.read_text().splitlines()]
+    assert bench_args[bench_args.index("-n") + 1] == "16" and "-p" in bench_args
+    assert spec_args[spec_args.index("--spec-draft-n-max") + 1] == "4" and "--temp" in spec_args
+    run = llamacpp.LlamaCppRun("d", 4, "code-01", 29.7, 20.0, 0.75)
+    assert run.speedup == pytest.approx(20 / 29.7) and "| d | 4 | code-01 | 29.70 | 20.00 | 0.67x | 75% |" in \
+        llamacpp.markdown([run])
+
+
+def test_the_bench_section_runs_each_draft_k_and_prompt(binaries, tmp_path, monkeypatch):
+    monkeypatch.setattr(llamacpp, "gguf_of", lambda name: tmp_path / f"{name}.gguf" if name != "lookup" else None)
+    tokenizer = SimpleNamespace(decode=lambda ids: "text", apply_chat_template=None)
+    monkeypatch.setattr(bench_cli, "encode", lambda prompt, tok: [1, 2])
+    args = SimpleNamespace(target="t", draft=["d", "lookup"], k=[2, "auto"], max_new_tokens=16)
+    prompts = [Prompt("code-01", "code", "def f():"), Prompt("code-02", "code", "def g():")]
+    section = bench_cli.llama_cpp_section(args, SimpleNamespace(tokenizer=tokenizer), prompts, tmp_path)
+    runs = json.loads((tmp_path / "llama_cpp.json").read_text())
+    assert [(r["draft"], r["k"], r["prompt_id"]) for r in runs] == [("d", 2, "code-01"), ("d", 4, "code-01"),
+                                                                  ("d", 2, "code-02"), ("d", 4, "code-02")]
+    assert "## llama.cpp on the same GGUF files" in section
+
+
+def test_no_binaries_no_section(tmp_path, monkeypatch):
+    monkeypatch.setenv(llamacpp.ENV, str(tmp_path))
+    args = SimpleNamespace(target="t", draft=["d"], k=[2], max_new_tokens=16)
+    assert bench_cli.llama_cpp_section(args, None, [], tmp_path) == ""
+    assert llamacpp.gguf_of("not-a-catalogue-model") is None
