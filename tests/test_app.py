@@ -192,3 +192,16 @@ def test_every_stat_has_a_hover_definition():
     html = stats_html(DecodeStats.from_rounds(synthetic_rounds(), 3))
     assert html.count('title="') == len(STAT_LINES)
     assert "accepted / (accepted + rejections)" in definitions()["acceptance_rate"]
+
+
+def test_dropdown_labels_follow_the_models_readiness(hub, monkeypatch):
+    import dataclasses
+
+    from specdec.models import entries
+    state = {"status": "needs assembly"}  # what the machine holds "now"
+    monkeypatch.setattr(entries, "with_status", lambda entry: dataclasses.replace(entry, status=state["status"]))
+    name = entries.names()[0]
+    labels = lambda: [label for label, value in handlers.model_choices(hub, 2)[0]["choices"] if value == name]  # noqa: E731
+    assert labels()[0].endswith("needs assembly")
+    state["status"] = "ready"  # e.g. a run just assembled and converted it
+    assert labels()[0].endswith("ready")

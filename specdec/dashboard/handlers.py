@@ -62,6 +62,13 @@ class LiveView(NamedTuple):
     status: str  # one Markdown line: what is happening
 
 
+def model_choices(hub: ModelHub, compare_columns: int):
+    """Fresh dropdown choices (each label says ready / needs assembly / needs download as it is now)."""
+    targets, drafts = hub.choices("target"), hub.choices("draft")
+    return (gr.update(choices=targets), gr.update(choices=drafts), gr.update(choices=targets),
+            *[gr.update(choices=drafts + [("(none)", "")]) for _ in range(compare_columns)])
+
+
 def preset_prompt(name: str) -> str:
     return PROMPTS.get(name, "")
 
@@ -73,7 +80,7 @@ def stop(control: RunControl) -> str:
 
 @user_errors
 def live_decode(hub: ModelHub, target, draft, bridge, prompt, k, max_new_tokens, sampling, temperature, top_p, seed,
-                measure_baseline, control: RunControl, progress=gr.Progress()):
+                measure_baseline, control: RunControl, progress=gr.Progress(track_tqdm=True)):
     """Stream a speculative decode round by round, then (optionally) the target-alone baseline.
 
     While the decode runs only the chips and the status line are redrawn (cheap), so rendering takes
@@ -142,7 +149,7 @@ def speculate(hub: ModelHub, target, draft, prompt, k, max_new_tokens, temperatu
 
 
 @user_errors
-def compare(hub: ModelHub, target, prompt, k, max_new_tokens, *drafts_and_bridges, progress=gr.Progress()):
+def compare(hub: ModelHub, target, prompt, k, max_new_tokens, *drafts_and_bridges, progress=gr.Progress(track_tqdm=True)):
     """Decode the same prompt with each chosen draft, then the target alone; yield columns as they finish.
 
     drafts_and_bridges: draft name, bridge mode, draft name, bridge mode, ... (blank names are skipped).
@@ -210,7 +217,7 @@ def verify_slope(costs: CostModel) -> float:
 
 
 @user_errors
-def k_sweep(hub: ModelHub, target, draft, bridge, prompt, max_new_tokens, k_max, progress=gr.Progress()):
+def k_sweep(hub: ModelHub, target, draft, bridge, prompt, max_new_tokens, k_max, progress=gr.Progress(track_tqdm=True)):
     """Measure speedup at several k on one pair and prompt; yield (figure, α, c, v slope, table, sweep, status).
 
     α and c are pooled over all rounds of the sweep; v(n) is the pair's calibration (`specdec.costs`).

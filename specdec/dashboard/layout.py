@@ -184,19 +184,19 @@ def build_demo(config: AppConfig, hub: ModelHub | None = None) -> gr.Blocks:
         position_show.click(teach.show_position, [stepping, position_round, position_index],
                             [position_plot, position_text], api_visibility="private", concurrency_id="decode")
         stop_button.click(handlers.stop, control, status, api_visibility="private", concurrency_limit=None)
-        compare_run.click(partial(handlers.compare, hub),
-                          [compare_target, compare_prompt, compare_k, compare_new, *compare_inputs],
-                          [*compare_panels, compare_table, compare_chart, compare_status],
-                          api_visibility="private", concurrency_id="decode")
+        compared = compare_run.click(partial(handlers.compare, hub),
+                                     [compare_target, compare_prompt, compare_k, compare_new, *compare_inputs],
+                                     [*compare_panels, compare_table, compare_chart, compare_status],
+                                     api_visibility="private", concurrency_id="decode")
         for slider in (alpha, cost, slope, k_max):
             slider.change(handlers.theory_figure, [alpha, cost, slope, k_max, sweep_points], theory_plot,
                           api_visibility="private", concurrency_limit=None)
         for slider in (alpha, cost, slope, waterfall_k):
             slider.change(teach.theory_waterfall, [alpha, cost, slope, waterfall_k], theory_waterfall,
                           api_visibility="private", concurrency_limit=None)
-        sweep_run.click(partial(handlers.k_sweep, hub), [target, draft, bridge, prompt, max_new, k_max],
-                        [theory_plot, alpha, cost, slope, sweep_table, sweep_points, sweep_status],
-                        api_visibility="private", concurrency_id="decode")
+        swept = sweep_run.click(partial(handlers.k_sweep, hub), [target, draft, bridge, prompt, max_new, k_max],
+                                [theory_plot, alpha, cost, slope, sweep_table, sweep_points, sweep_status],
+                                api_visibility="private", concurrency_id="decode")
 
         def speculate(target: str, draft: str, prompt: str, k: int, max_new_tokens: int, temperature: float,
                       seed: int) -> dict:
@@ -204,6 +204,11 @@ def build_demo(config: AppConfig, hub: ModelHub | None = None) -> gr.Blocks:
             return handlers.speculate(hub, target, draft, prompt, k, max_new_tokens, temperature, seed)
 
         gr.api(speculate, api_name="speculate", concurrency_id="decode")
+        dropdowns = [target, draft, compare_target, *compare_inputs[::2]]  # labels say whether a model is ready
+        refresh = partial(handlers.model_choices, hub, len(compare_inputs) // 2)
+        demo.load(refresh, None, dropdowns, api_visibility="private", queue=False)
+        for finished in (decoded, compared, swept):
+            finished.then(refresh, None, dropdowns, api_visibility="private", queue=False)
     demo.queue(default_concurrency_limit=config.concurrency, max_size=config.queue_size)
     return demo
 

@@ -138,7 +138,7 @@ class StepSession:
 
 
 def step_start(hub, target, draft, bridge, prompt, k, max_new_tokens, sampling, temperature, top_p, seed,
-               session: StepSession, progress=gr.Progress()):
+               session: StepSession, progress=gr.Progress(track_tqdm=True)):
     """Load the pair, start a paused decode and show its first round."""
     try:
         request = DecodeRequest.from_inputs(target, draft, prompt, k, max_new_tokens,
