@@ -182,7 +182,7 @@ def test_classroom_preset_and_default_prompt():
     from specdec.models.entries import default_name
 
     target, draft, preset, prompt, k, new = teach.classroom(24)
-    assert prompt == PROMPTS[preset] and new == 24 and 1 <= k <= 10
+    assert prompt == PROMPTS[preset] and new == 24 and (k == "auto" or 1 <= k <= 10)
     assert draft in ("lookup", default_name("draft")) and target == default_name("target")
     assert next(iter(PROMPTS)) == "Python code" and PROMPTS["Chinese chat: 今天天气"] == "今天天气"
 
