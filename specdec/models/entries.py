@@ -84,7 +84,7 @@ class CatalogueEntry:
         if self.hub_id:
             ways.append(f"load it once with network access to the Hugging Face hub ({self.hub_id})")
         if self.modelscope_id:
-            ways.append(f"or through ModelScope (pip install modelscope; modelscope:{self.modelscope_id})")
+            ways.append(f"or through ModelScope (modelscope:{self.modelscope_id})")
         return "; ".join(ways)
 
 
