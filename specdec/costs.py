@@ -66,6 +66,11 @@ class CostModel:
         slope = max(curve[-1] - curve[-2], 0.0) if len(curve) > 1 else 0.0
         return curve[-1] + slope * (n - len(curve))
 
+    def verify_slope(self) -> float:
+        """Least-squares slope of v(n) - 1 against n - 1: the line v(n) = 1 + slope·(n - 1) closest to the curve."""
+        pairs = [(n, v - 1.0) for n, v in enumerate(self.target.verify)]  # n = tokens beyond the first
+        return sum(n * dv for n, dv in pairs) / max(sum(n * n for n, _ in pairs), 1)
+
     def round_cost(self, drafted: int, draft_forwards: int) -> float:
         """Target steps a round costs: one verification of drafted+1 tokens plus the draft's forwards."""
         return self.v(drafted + 1) + draft_forwards * self.draft_cost

@@ -151,8 +151,8 @@ def test_k_sweep_measures_each_k_and_pools_alpha(hub, paths):
     figure, alpha, c, slope, table, sweep, status = updates[-1]
     assert [k for k, _ in sweep["points"]] == [1, 2, 3] and status == "done"
     assert list(table["k"]) == [1, 2, 3] and sweep["verify"][0] == 1.0
-    assert 0 <= alpha <= 1 and c > 0 and slope == pytest.approx(handlers.verify_slope(hub.costs(*hub.pair(
-        paths["target"], paths["draft"]))), abs=1e-3)
+    assert 0 <= alpha <= 1 and c > 0 and slope == pytest.approx(hub.costs(*hub.pair(
+        paths["target"], paths["draft"])).verify_slope(), abs=1e-3)
     names = [trace.name for trace in figure.data]
     assert "measured speedup" in names and "v(k+1) measured" in names
     predicted = next(t for t in figure.data if t.name.startswith("predicted"))

@@ -224,7 +224,7 @@ def advice_rows(rows: list[dict], summaries: list[Summary] | None = None) -> lis
         if not fixed:
             continue
         pooled = _pool((draft, "pooled", category), fixed)
-        advice = advise(pooled.acceptance_rate, pooled.cost_ratio, costs=_costs(fixed[0]))
+        advice = advise(pooled.acceptance_rate, pooled.cost_ratio, costs=row_costs(fixed[0]))
         best = max((s for s in summaries if s.draft == draft and s.category == category),
                    key=lambda s: s.speedup_vs_target_alone)
         result.append(AdviceRow(draft, category, pooled.acceptance_rate, pooled.cost_ratio, advice.k,
@@ -233,7 +233,7 @@ def advice_rows(rows: list[dict], summaries: list[Summary] | None = None) -> lis
     return result
 
 
-def _costs(row: dict) -> CostModel | None:
+def row_costs(row: dict) -> CostModel | None:
     """The calibrated costs a row was measured with (None for a run without a calibration)."""
     if not row.get("verify_curve"):
         return None

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import torch
 
-from ..bench import BenchConfig, advice_rows, cells_to_run, contender, format_report, llamacpp, run_bench, summarise
+from ..bench import (BenchConfig, advice_rows, cells_to_run, contender, format_report, llamacpp, row_costs,
+                     run_bench, summarise)
 from ..costs import calibrate
 from ..limits import K_AUTO_START, K_MAX
 from ..measure import Calibration, calibrate_layers
 from ..models import add_model_arguments, load_draft, load_model
 from ..suites import available_suites, encode, load_suite, split_note
-from ..theory import expected_tokens_per_step, walltime_speedup
 from .arguments import parse_k
 
 SUMMARY_MD = "summary.md"
@@ -187,7 +187,8 @@ def cell_line(row: dict) -> str:
 
 
 def write_charts(rows: list[dict], out: Path) -> list[Path]:
-    """speedup_vs_k.html and categories.html (plotly, imported here only: specdec's core never does)."""
+    """speedup_vs_k.html and categories.html, drawn with the dashboard's own figure builder (plotly is
+    imported here only: specdec's core never does)."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
@@ -197,12 +198,13 @@ def write_charts(rows: list[dict], out: Path) -> list[Path]:
     figure = make_subplots(rows=1, cols=len(drafts), subplot_titles=drafts, shared_yaxes=True)
     for col, draft in enumerate(drafts, start=1):
         overall = [s for s in summaries if s.draft == draft and s.category == "all"]
-        for trace in _speedup_traces(overall, pooled.get(draft)):
+        costs = next((row_costs(r) for r in rows if r["draft"] == draft), None)
+        for trace in _speedup_traces(overall, pooled.get(draft), costs):
             trace.showlegend = col == 1
             figure.add_trace(trace, row=1, col=col)
         figure.update_xaxes(title_text="k (draft tokens per round)", row=1, col=col)
     figure.update_yaxes(title_text="speedup vs target alone", row=1, col=1)
-    figure.update_layout(title="Measured speedup vs k, next to the theoretical bounds (all prompts)")
+    figure.update_layout(title="Measured speedup vs k, next to Leviathan's bound and the prediction (all prompts)")
     bars = go.Figure([_category_bars(summaries, draft) for draft in drafts])
     bars.update_layout(title="Measured speedup per category at each draft's best k (all prompts)",
                        yaxis_title="speedup vs target alone", barmode="group")
@@ -212,24 +214,20 @@ def write_charts(rows: list[dict], out: Path) -> list[Path]:
     return paths
 
 
-def _speedup_traces(summaries: list, pooled) -> list:
-    """Measured ours and HF assisted per k, and both bounds as curves at the pooled alpha-hat and c
-    (`pooled`: the draft's AdviceRow over every fixed k; None when no fixed k was measured)."""
+def _speedup_traces(summaries: list, pooled, costs) -> list:
+    """The dashboard's theory-vs-measurement traces at the pooled α̂ and c (`pooled`: the draft's AdviceRow
+    over every fixed k, None when no fixed k was measured) and the calibrated v(n), plus HF assisted."""
     import plotly.graph_objects as go
+
+    from ..dashboard.figures import speedup_curves
 
     fixed = sorted((s for s in summaries if s.k.isdigit()), key=lambda s: int(s.k))
     if not fixed or pooled is None:
         return []
-    ks = [int(s.k) for s in fixed]
-    alpha, c = pooled.acceptance_rate, pooled.cost_ratio
-    grid = list(range(1, max(ks) + 1))
-    traces = [
-        go.Scatter(x=ks, y=[s.speedup_vs_target_alone for s in fixed], mode="lines+markers", name="ours (measured)"),
-        go.Scatter(x=grid, y=[walltime_speedup(alpha, k, c) for k in grid], mode="lines", line={"dash": "dash"},
-                   name=f"cost-aware bound (α̂={alpha:.2f}, c={c:.2f})"),
-        go.Scatter(x=grid, y=[expected_tokens_per_step(alpha, k) for k in grid], mode="lines",
-                   line={"dash": "dot"}, name="bound at c=0: (1-α^(k+1))/(1-α)"),
-    ]
+    measured = [(int(s.k), s.speedup_vs_target_alone) for s in fixed]
+    slope, curve = (costs.verify_slope(), costs.target.verify) if costs else (0.0, None)
+    traces = list(speedup_curves(pooled.acceptance_rate, pooled.cost_ratio, max(k for k, _ in measured), measured,
+                                 slope, curve).data)
     hf = [(int(s.k), s.hf_assisted_tok_s / s.target_alone_tok_s) for s in fixed if s.hf_assisted_tok_s]
     if hf:
         traces.append(go.Scatter(x=[k for k, _ in hf], y=[v for _, v in hf], mode="lines+markers",

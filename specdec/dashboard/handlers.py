@@ -16,7 +16,6 @@ import pandas as pd
 
 from specdec import GenerationResult, autoregressive_generate, speculative_generate
 from specdec.report import STAT_LINES, baseline_lines
-from specdec.costs import CostModel
 from specdec.limits import K_AUTO_MAX
 from specdec.trace import measured_speedup
 
@@ -210,12 +209,6 @@ def theory_figure(alpha, c, slope, k_max, sweep: dict | None):
                                   float(slope), sweep.get("verify"))
 
 
-def verify_slope(costs: CostModel) -> float:
-    """Least-squares slope of v(n) - 1 against n - 1 (a line through v(1) = 1)."""
-    pairs = [(n, v - 1.0) for n, v in enumerate(costs.target.verify)]  # n = tokens beyond the first
-    return sum(n * dv for n, dv in pairs) / max(sum(n * n for n, _ in pairs), 1)
-
-
 @user_errors
 def k_sweep(hub: ModelHub, target, draft, bridge, prompt, max_new_tokens, k_max, progress=gr.Progress(track_tqdm=True)):
     """Measure speedup at several k on one pair and prompt; yield (figure, α, c, v slope, table, sweep, status).
@@ -226,7 +219,7 @@ def k_sweep(hub: ModelHub, target, draft, bridge, prompt, max_new_tokens, k_max,
     request = DecodeRequest.from_inputs(target, draft, prompt, ks[-1], max_new_tokens).checked(hub.config)
     target_model, draft_model = hub.pair(request.target, request.draft, bridge, progress=progress)
     costs = hub.costs(target_model, draft_model, progress=progress)
-    slope = round(verify_slope(costs), 3)
+    slope = round(costs.verify_slope(), 3)
     token = StopToken(hub.config.time_limit_s)
     baseline = _baseline(target_model, request, request.max_new_tokens, token.running)
     sweep, rows, rounds = {"points": [], "verify": costs.target.verify}, [], []
