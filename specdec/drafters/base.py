@@ -118,7 +118,7 @@ class ModelDrafter:
         for _ in range(n):
             logits, seconds = self.lm.forward(feed)
             elapsed += seconds
-            logits = to_target_vocab(logits[-1], policy.vocab_size)  # [V_target]
+            logits = self.target_logits(logits[-1], policy.vocab_size)  # [V_target]
             probs = policy.probs(logits)
             token = policy.choose(logits, probs)
             tokens.append(token)
@@ -126,3 +126,7 @@ class ModelDrafter:
             feed = [token]
         p_draft = torch.stack(rows) if rows else None  # [n, V_target]
         return Proposal(tokens, p_draft, elapsed, n)
+
+    def target_logits(self, logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """The draft's [V_draft] logits as [V_target] logits over the shared ids (`to_target_vocab`)."""
+        return to_target_vocab(logits, vocab_size)

@@ -20,14 +20,13 @@ from typing import Iterable
 
 import torch
 
-from ..kv import CachedLM
-from .base import Proposal, SamplingPolicy
+from .base import ModelDrafter
 
 VOCAB_SEPARATOR = "@vocab="  # MODEL@vocab=FILE
 MOST_FREQUENT = 2048  # general-text tokens kept besides the domain's own
 
 
-class PrunedVocabularyDrafter:
+class PrunedVocabularyDrafter(ModelDrafter):
     """A causal LM drafting over `token_ids` only; the head's rows for the set are sliced once."""
 
     def __init__(self, model: torch.nn.Module, token_ids: Iterable[int]):
@@ -38,35 +37,13 @@ class PrunedVocabularyDrafter:
             raise ValueError(f"a pruned vocabulary needs ids in 0..{rows - 1}, got {len(ids)} ids"
                              + (f" from {ids[0]} to {ids[-1]}" if ids else ""))
         self.token_ids = torch.tensor(ids, dtype=torch.long)  # [S] the set, sorted
-        self.lm = CachedLM(_with_head_rows(model, self.token_ids))
+        super().__init__(_with_head_rows(model, self.token_ids))
 
-    @property
-    def forwards(self) -> int:
-        return self.lm.forwards
-
-    def prefill(self, prompt_ids: list[int]) -> float:
-        return self.lm.prefill(prompt_ids)
-
-    def propose(self, context_ids: list[int], n: int, policy: SamplingPolicy) -> Proposal:
-        tokens, rows, elapsed = [], [], 0.0
-        feed = self.lm.pending(context_ids)
-        for _ in range(n):
-            logits, seconds = self.lm.forward(feed)  # [1, S]: the set's rows of the head only
-            elapsed += seconds
-            logits = self.scatter(logits[-1], policy.vocab_size)  # [V_target], -inf outside the set
-            probs = policy.probs(logits)  # softmax over the set = p_draft renormalised
-            token = policy.choose(logits, probs)
-            tokens.append(token)
-            rows.append(probs)
-            feed = [token]
-        p_draft = torch.stack(rows) if rows else None  # [n, V_target]
-        return Proposal(tokens, p_draft, elapsed, n)
-
-    def scatter(self, set_logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    def target_logits(self, logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
         """[S] logits over the set -> [V_target] logits, -inf at every id outside the set."""
-        full = set_logits.new_full((vocab_size,), float("-inf"))
+        full = logits.new_full((vocab_size,), float("-inf"))
         keep = self.token_ids < vocab_size
-        full[self.token_ids[keep]] = set_logits[keep]
+        full[self.token_ids[keep]] = logits[keep]
         return full
 
 
