@@ -47,7 +47,8 @@ def from_spec(spec: str, target, *, load: Callable[[str], object], vocabulary: s
     if vocabulary not in VOCABULARY_MODES:
         raise ValueError(f"vocabulary mode must be one of {', '.join(VOCABULARY_MODES)}, got {vocabulary!r}")
     if not isinstance(spec, str) or not spec.strip():
-        raise ValueError("a draft spec must be a non-empty string: a model, 'lookup', 'self:L' or 'MODEL+lookup'")
+        raise ValueError("a draft spec must be a non-empty string: a model, 'lookup', 'self:L', 'MODEL+lookup' "
+                         "or 'MODEL@vocab=FILE'")
     spec = spec.strip()
     if spec == LOOKUP:
         return PromptLookupDraft()
