@@ -22,7 +22,7 @@ import os
 import platform
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -32,11 +32,13 @@ from .drafters import Drafter, NoDraft, SamplingPolicy, as_drafter
 from .inputs import unwrap, vocab_size
 from .kv import CachedLM
 from .limits import K_AUTO_MAX
+from .models.speed import set_rows_first
 from .models.quant import is_quantized
 
 CONTEXT_TOKENS = 64  # tokens in the cache before each timed forward (a short prompt plus some output)
 REPEATS = 3  # timed forwards per size; the median is kept
 N_MAX = K_AUTO_MAX + 1  # largest verification size calibrated: k_max drafts plus the target's own token
+METHOD = 2  # bump when what a calibration measures changes (2: rows-first chosen per size); part of the key
 
 
 @dataclass
@@ -46,6 +48,7 @@ class TargetCosts:
     step_s: float  # median seconds of a one-token forward after CONTEXT_TOKENS tokens
     verify: list[float]  # verify[n-1] = v(n) = median n-token forward / step_s, n = 1..len (verify[0] = 1)
     key: str  # what was measured: model identity, dtype, threads, machine
+    rows_first: list[int] = field(default_factory=list)  # sizes whose float32 Linears run faster as W @ x.T
 
 
 @dataclass
@@ -98,15 +101,17 @@ def calibrate(target, draft=None, *, n_max: int = N_MAX, repeats: int = REPEATS,
     target_model, _ = unwrap(target, None)
     drafter = NoDraft() if draft is None else as_drafter(draft, target_model)
     folder = Path(cache_dir) if cache_dir is not None else _default_cache_dir()
-    target_key = _key("target", _identity(target), n_max, repeats)
+    target_key = _key("target", METHOD, _identity(target), n_max, repeats)
     draft_key = _key("draft", target_key, _drafter_identity(draft, drafter))
     cached = _cached(folder, target_key, recalibrate)
     fresh = cached is None
     if fresh:
-        target_costs = TargetCosts(*measure_verification(target_model, n_max, repeats), target_key)
+        step_s, verify, rows_first = measure_verification(target_model, n_max, repeats)
+        target_costs = TargetCosts(step_s, verify, target_key, rows_first)
         _store(folder, target_key, asdict(target_costs))
     else:
         target_costs = TargetCosts(**cached)
+    set_rows_first(target_model, target_costs.rows_first)  # the faster product for each size, as measured
     stored = None if recalibrate or fresh else _cached(folder, draft_key, False)
     if stored is None:
         stored = {"draft_cost": measure_draft_step(target_model, drafter, repeats) / target_costs.step_s}
@@ -115,19 +120,27 @@ def calibrate(target, draft=None, *, n_max: int = N_MAX, repeats: int = REPEATS,
     return CostModel(target_costs, stored["draft_cost"], draft_key, fresh)
 
 
-def measure_verification(model: torch.nn.Module, n_max: int, repeats: int) -> tuple[float, list[float]]:
-    """(one-token step seconds, [v(1) .. v(n_max)]): sizes interleaved, each repeated, medians kept."""
+def measure_verification(model: torch.nn.Module, n_max: int, repeats: int) -> tuple[float, list[float], list[int]]:
+    """(one-token step seconds, [v(1) .. v(n_max)], sizes where rows-first wins): sizes interleaved, medians kept.
+
+    A float32 model with rows-first Linears (`specdec.models.speed`) is timed both ways at every size, in
+    alternation; each size keeps the faster product, and v(n) is that one's time.
+    """
     lm = CachedLM(model)
     base = _context(model, CONTEXT_TOKENS)
     lm.prefill(base + [base[0]])  # the cache holds `base`
     _time_forward(lm, base, 1)  # warm-up: first-call allocations and kernel choice
-    seconds: dict[int, list[float]] = {n: [] for n in range(1, n_max + 1)}
+    modes = (False, True) if set_rows_first(model, ()) else (False,)  # (plain F.linear, rows-first)
+    seconds: dict[tuple[int, bool], list[float]] = {(n, m): [] for n in range(1, n_max + 1) for m in modes}
     for repeat in range(repeats):
         order = list(range(1, n_max + 1))
         for n in order[repeat % n_max:] + order[:repeat % n_max]:  # rotate, so drift spreads over sizes
-            seconds[n].append(_time_forward(lm, base, n))
-    medians = [statistics.median(seconds[n]) for n in range(1, n_max + 1)]
-    return medians[0], [m / medians[0] for m in medians]
+            for mode in modes:
+                set_rows_first(model, range(2, n_max + 1) if mode else ())
+                seconds[(n, mode)].append(_time_forward(lm, base, n))
+    best = {n: min(modes, key=lambda m: statistics.median(seconds[(n, m)])) for n in range(1, n_max + 1)}
+    medians = [statistics.median(seconds[(n, best[n])]) for n in range(1, n_max + 1)]
+    return medians[0], [m / medians[0] for m in medians], [n for n in range(2, n_max + 1) if best[n]]
 
 
 def measure_draft_step(target_model: torch.nn.Module, drafter: Drafter, repeats: int) -> float:

@@ -1,4 +1,6 @@
 """The cost model: v(n) and c measured and cached, predictions by formula, the dtype choice, divergences."""
+import copy
+
 import pytest
 import torch
 
@@ -121,3 +123,18 @@ def test_identical_runs_have_no_divergence(pair):
     alone = autoregressive_generate(target, PROMPT, max_new_tokens=16, eos_token_id=[])
     spec = speculative_generate(target, draft, PROMPT, k=3, max_new_tokens=16, eos_token_id=[])
     assert explain_divergence(spec, alone, "float32") is None
+
+
+def test_calibration_keeps_the_faster_product_for_each_size(pair, tmp_path):
+    from specdec.models.speed import RowsFirstLinear, apply_speed_levers
+    target, draft = pair
+    levered = copy.deepcopy(target)
+    apply_speed_levers(levered)
+    costs = calibrate(levered, draft, n_max=5, repeats=1, cache_dir=tmp_path)
+    assert set(costs.target.rows_first) <= {2, 3, 4, 5}
+    layers = [m for m in levered.modules() if isinstance(m, RowsFirstLinear)]
+    assert layers and all(m.rows_first == frozenset(costs.target.rows_first) for m in layers)
+    for m in layers:
+        m.rows_first = frozenset({2, 3, 4, 5, 6})  # a fresh load: the default, until the cached choice is applied
+    assert not calibrate(levered, draft, n_max=5, repeats=1, cache_dir=tmp_path).measured_now
+    assert all(m.rows_first == frozenset(costs.target.rows_first) for m in layers)

@@ -33,11 +33,16 @@ def _fp32_cpu_inference(module: torch.nn.Linear, x: torch.Tensor) -> bool:
 
 
 class RowsFirstLinear(torch.nn.Linear):
-    """A Linear that computes 2..ROWS_FIRST_MAX float32 rows as (W @ x.T).T: W [out, in] times x.T [in, rows]."""
+    """A Linear that computes float32 products of `rows_first` row counts as (W @ x.T).T: W [out, in] times x.T.
+
+    Which row counts gain depends on the CPU's GEMM kernels: `specdec.costs.calibrate` times the whole
+    forward both ways for each verification size and keeps the faster (`set_rows_first`)."""
+
+    rows_first: frozenset = frozenset(range(2, ROWS_FIRST_MAX + 1))  # row counts taking W @ x.T (until calibrated)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
-        if not 2 <= rows <= ROWS_FIRST_MAX or not _fp32_cpu_inference(self, x):
+        if rows not in self.rows_first or not _fp32_cpu_inference(self, x):
             return super().forward(x)
         y = (self.weight @ x.reshape(rows, -1).T).T.reshape(*x.shape[:-1], self.out_features)  # [..., out]
         return y if self.bias is None else y + self.bias
@@ -95,3 +100,11 @@ def transpose_head_storage(model: torch.nn.Module) -> bool:
     head.register_buffer("weight_t", None, persistent=False)  # a buffer: counted by pools, never saved
     head._refresh()
     return True
+
+
+def set_rows_first(model: torch.nn.Module, rows) -> int:
+    """Let every RowsFirstLinear of `model` take W @ x.T for exactly these row counts. Returns how many layers."""
+    layers = [m for m in model.modules() if isinstance(m, RowsFirstLinear)]
+    for layer in layers:
+        layer.rows_first = frozenset(rows)
+    return len(layers)
