@@ -38,7 +38,7 @@ from .models.quant import is_quantized
 CONTEXT_TOKENS = 64  # tokens in the cache before each timed forward (a short prompt plus some output)
 REPEATS = 3  # timed forwards per size; the median is kept
 N_MAX = K_AUTO_MAX + 1  # largest verification size calibrated: k_max drafts plus the target's own token
-METHOD = 2  # bump when what a calibration measures changes (2: rows-first chosen per size); part of the key
+METHOD = 3  # bump when what a calibration measures changes (3: rows-first chosen per size, target and draft)
 
 
 @dataclass
@@ -113,11 +113,25 @@ def calibrate(target, draft=None, *, n_max: int = N_MAX, repeats: int = REPEATS,
         target_costs = TargetCosts(**cached)
     set_rows_first(target_model, target_costs.rows_first)  # the faster product for each size, as measured
     stored = None if recalibrate or fresh else _cached(folder, draft_key, False)
+    draft_model = _own_model(drafter, target_model)
     if stored is None:
-        stored = {"draft_cost": measure_draft_step(target_model, drafter, repeats) / target_costs.step_s}
+        rows_first = measure_verification(draft_model, 2, repeats)[2] if draft_model is not None else []
+        stored = {"draft_cost": measure_draft_step(target_model, drafter, repeats) / target_costs.step_s,
+                  "rows_first": rows_first}
         _store(folder, draft_key, stored)
         fresh = True
+    if draft_model is not None:
+        set_rows_first(draft_model, stored.get("rows_first", ()))  # its catch-up forward reads 2 tokens
     return CostModel(target_costs, stored["draft_cost"], draft_key, fresh)
+
+
+def _own_model(drafter: Drafter, target_model: torch.nn.Module) -> torch.nn.Module | None:
+    """The draft's model when it has one that shares no weights with the target (self-speculation does)."""
+    lm = getattr(getattr(drafter, "model_drafter", drafter), "lm", None)
+    if lm is None:
+        return None
+    target_tensors = {p.data_ptr() for p in target_model.parameters()}
+    return None if any(p.data_ptr() in target_tensors for p in lm.model.parameters()) else lm.model
 
 
 def measure_verification(model: torch.nn.Module, n_max: int, repeats: int) -> tuple[float, list[float], list[int]]:

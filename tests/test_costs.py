@@ -138,3 +138,17 @@ def test_calibration_keeps_the_faster_product_for_each_size(pair, tmp_path):
         m.rows_first = frozenset({2, 3, 4, 5, 6})  # a fresh load: the default, until the cached choice is applied
     assert not calibrate(levered, draft, n_max=5, repeats=1, cache_dir=tmp_path).measured_now
     assert all(m.rows_first == frozenset(costs.target.rows_first) for m in layers)
+
+
+def test_calibration_chooses_the_draft_catch_up_product_but_never_touches_a_shared_target(pair, tmp_path):
+    from specdec.drafters import SelfSpeculativeDraft
+    from specdec.models.speed import RowsFirstLinear, apply_speed_levers
+    target, draft = (copy.deepcopy(m) for m in pair)
+    apply_speed_levers(target)
+    apply_speed_levers(draft)
+    calibrate(target, draft, n_max=3, repeats=1, cache_dir=tmp_path)
+    chosen = {m.rows_first for m in draft.modules() if isinstance(m, RowsFirstLinear)}
+    assert len(chosen) == 1 and chosen.pop() <= {2}  # the draft reads 1 or 2 tokens a forward
+    before = {m.rows_first for m in target.modules() if isinstance(m, RowsFirstLinear)}
+    calibrate(target, SelfSpeculativeDraft(target, layers=1), n_max=3, repeats=1, cache_dir=tmp_path)
+    assert {m.rows_first for m in target.modules() if isinstance(m, RowsFirstLinear)} == before
