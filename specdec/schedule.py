@@ -7,8 +7,9 @@ k="auto" rule (documented once, here). Before every round the controller picks t
                     cost_k = v(k+1) + k*c                   (`specdec.costs`; v = 1 without a calibration)
 
 where a_i is the running conditional acceptance at draft position i: accepted there / reached there,
-counts decayed by DECAY each round (recent rounds count most) and shrunk towards the pooled rate
-(PRIOR_ROUNDS pseudo-rounds) so a position seldom reached borrows strength from the others. c is the
+counts decayed by DECAY each round (recent rounds count most) and shrunk (PRIOR_ROUNDS pseudo-rounds)
+towards a_(i-1), the first towards the pooled rate, so a position seldom reached borrows the rate of the
+one before it. c is the
 calibrated draft cost, or the run's own measurement. k = 0 (a plain target step, cost v(1) = 1, one
 token) wins whenever no k is predicted to beat the target alone; after PROBE_AFTER rounds at k = 0 the
 controller drafts one token to look again. Until a round has been observed, k = K_AUTO_START.
@@ -68,9 +69,17 @@ class AdaptiveK:
         return best
 
     def position_rates(self) -> list[float]:
-        """a_i per draft position: decayed accepted / reached, shrunk towards the pooled rate."""
-        pooled = (sum(self.accepted) + 1.0) / (sum(self.reached) + 2.0)  # Laplace: 1/2 before any data
-        return [(a + PRIOR_ROUNDS * pooled) / (r + PRIOR_ROUNDS) for a, r in zip(self.accepted, self.reached)]
+        """a_i per draft position: decayed accepted / reached, shrunk towards the previous position's a_(i-1).
+
+        The first position is shrunk towards the pooled rate (Laplace: 1/2 before any data). A position the
+        controller has not drafted lately thus inherits the rate of the one before it, so after rounds that
+        accepted everything a longer k is predicted to pay, and tried."""
+        prior = (sum(self.accepted) + 1.0) / (sum(self.reached) + 2.0)
+        rates = []
+        for accepted, reached in zip(self.accepted, self.reached):
+            prior = (accepted + PRIOR_ROUNDS * prior) / (reached + PRIOR_ROUNDS)
+            rates.append(prior)
+        return rates
 
     def reported_k(self, rounds: list[Round]) -> int:
         return mean_draft_length(rounds)
