@@ -275,3 +275,17 @@ def test_load_model_int8_and_quant_argument(tmp_path):
     add_model_arguments(parser)
     assert parser.parse_args(["--target", "x", "--quant", "int8"]).quant == "int8"
     assert parser.parse_args(["--target", "x"]).quant == "none"
+
+
+def test_the_app_runs_the_int8_path_through_its_pool(tmp_path):
+    from specdec.dashboard.config import AppConfig
+    from specdec.dashboard.hub import ModelHub
+    from specdec.models import ModelPool
+    folder = str(tiny_folder(tmp_path / "t", seed=0))
+    config = AppConfig.from_env({"SPECDEC_DTYPE": "int8"})
+    hub = ModelHub(config, ModelPool(budget_bytes=2**30))
+    target, draft = hub.pair(folder, folder)
+    assert target.dtype == "int8" and draft.dtype == "int8"
+    assert any(isinstance(m, Int8Linear) for m in target.model.modules())
+    result = speculative_generate(target, draft, "def print the", k=3, max_new_tokens=8, costs=hub.costs(target, draft))
+    assert result.token_ids == autoregressive_generate(target, "def print the", max_new_tokens=8).token_ids

@@ -13,7 +13,7 @@ Every knob a host needs (a laptop, a free CPU Hugging Face Space) is an environm
 | SPECDEC_TIME_LIMIT_S | time_limit_s | 120 |
 | SPECDEC_CONCURRENCY | concurrency | 1 |
 | SPECDEC_QUEUE_SIZE | queue_size | 16 |
-| SPECDEC_DTYPE | dtype | auto (bfloat16 with native bf16 kernels, else float32) |
+| SPECDEC_DTYPE | dtype | auto (bfloat16 with native bf16 kernels, else float32); int8: the integer path |
 | SPECDEC_TARGET / SPECDEC_DRAFT | default_target / default_draft | the catalogue's default pair |
 | SPECDEC_UNALIGNED | default_unaligned | the catalogue's first unaligned draft |
 """
@@ -32,7 +32,7 @@ SUMMARY_PROMPT = (  # a summary repeats the text's phrases: what prompt lookup d
     "transport fund.\n\nSummarise the text above in two sentences.\nSummary: The city council voted on Tuesday to")
 K_RANGE = (1, K_UI_MAX)  # draft tokens per round offered by the dashboard (specdec.limits)
 MODEL_DRAFTERS = ("lookup", "self:4", "self:8", "self:14")  # need no second model: prompt lookup, first L target layers
-DTYPES = ("auto", "float32", "bfloat16")
+DTYPES = ("auto", "float32", "bfloat16", "int8")
 
 PROMPTS = {  # preset name -> prompt text (the first is the live tab's default: English code, where speculation works)
     "Python code": "def fibonacci(n: int) -> list[int]:\n    \"\"\"Return the first n Fibonacci numbers.\"\"\"\n",

@@ -68,17 +68,20 @@ def native_bf16_cpu() -> bool:
 
 
 def resolve_dtype(dtype="auto", device: str = "cpu") -> str:
-    """"float32" or "bfloat16". "auto": bfloat16 on a GPU and on a CPU with native bf16 kernels, else float32.
+    """"float32", "bfloat16" or "int8". "auto": bfloat16 on a GPU and on a CPU with native bf16 kernels, else float32.
 
     Without native bf16 (e.g. AVX-512 without its BF16 extension) a bf16 product of several rows is
     emulated and slower than float32, so verification would lose its point (docs/performance.md).
+    "int8" (CPU only) is the row-invariant integer path of `specdec.models.quant`.
     """
     names = {torch.float32: "float32", torch.bfloat16: "bfloat16", "fp32": "float32", "bf16": "bfloat16"}
     dtype = names.get(dtype, dtype)
     if dtype == "auto":
         return "bfloat16" if device != "cpu" or native_bf16_cpu() else "float32"
+    if dtype == "int8" and device == "cpu":
+        return dtype
     if dtype not in convert.TORCH_DTYPES:
-        raise ValueError(f"dtype must be auto, float32 or bfloat16, got {dtype!r}")
+        raise ValueError(f"dtype must be auto, float32, bfloat16 or int8 (CPU), got {dtype!r}")
     return dtype
 
 

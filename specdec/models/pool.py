@@ -27,7 +27,7 @@ from .loading import LoadedModel, load_draft, load_model, resolve_device, resolv
 BUDGET_FRACTION = 0.6  # default budget: this share of the memory limit
 CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"),  # cgroup v2
                  Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))  # cgroup v1
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "int8": 2}  # int8: its weights plus the kernel's packed copy
 SCALES = {"K": 1e3, "M": 1e6, "B": 1e9}  # suffixes of a catalogue entry's parameter count
 
 
