@@ -1,5 +1,24 @@
+import pytest
 import torch
 
 # Tiny test models gain nothing from intra-op threads, and one thread keeps timings steady on 2 cores.
 # Tests that load real models raise this themselves.
 torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    """Tiny target / draft / unaligned-draft folders (tests/tiny_models.py), once per test module."""
+    from tiny_models import write_tiny_models
+
+    return write_tiny_models(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def hub():
+    """The dashboard's model hub over a fresh pool, as a host with a 64-token cap configures it."""
+    from specdec.dashboard.config import AppConfig
+    from specdec.dashboard.hub import ModelHub
+    from specdec.models import ModelPool
+
+    return ModelHub(AppConfig(max_new_tokens_cap=64), pool=ModelPool())

@@ -15,26 +15,9 @@ from specdec.dashboard.config import AppConfig
 from specdec.dashboard.hub import ModelHub
 from specdec.dashboard.panels import definitions, stats_html
 from specdec.dashboard.runs import DecodeRequest, RunControl
-from tiny_models import write_tiny_models
+from tiny_models import Progress
 
 PROMPT = "今天天气"
-
-
-@pytest.fixture(scope="module")
-def paths(tmp_path_factory):
-    return write_tiny_models(tmp_path_factory.mktemp("tiny"))
-
-
-@pytest.fixture(scope="module")
-def hub():
-    return ModelHub(AppConfig(max_new_tokens_cap=64), pool=ModelPool())
-
-
-class Progress:
-    """Stands in for gr.Progress outside a server."""
-
-    def __call__(self, *args, **kwargs):
-        pass
 
 
 def decode(hub, paths, control=None, **overrides):

@@ -9,29 +9,19 @@ import pytest
 
 import specdec.trace
 from specdec.bench.run import metric_fields
-from specdec.models import ModelPool
 from specdec.report import STAT_LINES, format_stats
 from specdec.dashboard import handlers, teach
-from specdec.dashboard.config import AppConfig
-from specdec.dashboard.hub import ModelHub
 from specdec.dashboard.panels import definitions
 from specdec.dashboard.runs import RunControl
-from tiny_models import write_tiny_models
+from tiny_models import Progress
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPARED = ("acceptance_rate", "mean_accepted_length", "cost_ratio", "verify_cost", "predicted_speedup")
 
 
-class Progress:
-    def __call__(self, *args, **kwargs):
-        pass
-
-
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(paths, hub):
     """One tiny live run through the app: its final view and the engine's result behind it."""
-    paths = write_tiny_models(tmp_path_factory.mktemp("tiny"))
-    hub = ModelHub(AppConfig(max_new_tokens_cap=64), pool=ModelPool())
     control = RunControl()
     views = list(handlers.live_decode(hub, paths["target"], paths["draft"], "auto", "def price(option, curve):", 3,
                                       24, False, 0.8, 1.0, 0, False, control, progress=Progress()))

@@ -10,32 +10,15 @@ import pytest
 import torch
 
 from specdec import autoregressive_generate, speculative_generate, theory
-from specdec.models import ModelPool, load_model
+from specdec.models import load_model
 from specdec.position import position_view
 from specdec.testing import perturbed_copy, tiny_model
 from specdec.waterfall import cost_waterfall, theory_steps
 from specdec.dashboard import teach
 from specdec.dashboard.chips import chips_html, token_label
-from specdec.dashboard.config import AppConfig
-from specdec.dashboard.hub import ModelHub
-from tiny_models import write_tiny_models
+from tiny_models import Progress
 
 PROMPT = "def price(option, curve):"
-
-
-@pytest.fixture(scope="module")
-def paths(tmp_path_factory):
-    return write_tiny_models(tmp_path_factory.mktemp("tiny"))
-
-
-@pytest.fixture(scope="module")
-def hub():
-    return ModelHub(AppConfig(max_new_tokens_cap=64), pool=ModelPool())
-
-
-class Progress:
-    def __call__(self, *args, **kwargs):
-        pass
 
 
 def start(hub, paths, sampling=False, k=3, max_new_tokens=24):

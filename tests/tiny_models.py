@@ -29,3 +29,11 @@ def write_tiny_models(folder: str | Path, context: int = 512) -> dict[str, str]:
         role_tokenizer.save_pretrained(path)
         paths[role] = str(path)
     return paths
+
+
+class Progress:
+    """Stands in for gr.Progress outside a server."""
+
+    def __call__(self, *args, **kwargs):
+        pass
+
