@@ -17,20 +17,22 @@ the CLI (`specdec.cli.bench`) prints and draws.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 import torch
 from transformers import GenerationConfig
 
+from ..costs import CostModel
 from ..engine import autoregressive_generate, speculative_generate
 from ..inputs import resolve_eos, unwrap
 from ..limits import K_AUTO_START
 from ..suites import Prompt, encode
-from ..costs import CostModel
 from ..trace import explain_divergence, first_divergence, ratio
 from .store import RESULTS_CSV, append_row, check_run_folder, read_rows, row_key, write_csv
 
@@ -47,6 +49,7 @@ class BenchConfig:
     repeats: int = 1  # timed runs per method and cell; the median wall time is reported
     seed: int = 0  # sampling seed (the same for every method and repeat)
     dtype: str = "float32"  # weights dtype, for the record
+    prompts: str = ""  # fingerprint of the prompts (ids and texts), filled in by run_bench: one folder, one suite
 
 
 @dataclass
@@ -57,6 +60,7 @@ class Contender:
     draft: object  # a causal LM / LoadedModel or a Drafter, as `speculative_generate` takes it
     hf_assistant: torch.nn.Module | None  # the model HF assisted generation runs as assistant; None = no HF column
     costs: CostModel | None = None  # the pair's calibrated v(n) and c (`specdec.costs`); None = v(n) = 1
+    weights: str = ""  # fingerprint of the draft's weights: a retrained draft under the same name is another draft
 
 
 def contender(name: str, draft, target, costs: CostModel | None = None) -> Contender:
@@ -65,7 +69,29 @@ def contender(name: str, draft, target, costs: CostModel | None = None) -> Conte
     target_model, _ = unwrap(target, None)
     same_vocab = (isinstance(draft_model, torch.nn.Module)
                   and draft_model.config.get_text_config().vocab_size == target_model.config.get_text_config().vocab_size)
-    return Contender(name, draft, draft_model if same_vocab else None, costs)
+    return Contender(name, draft, draft_model if same_vocab else None, costs, weights_fingerprint(draft))
+
+
+def weights_fingerprint(draft) -> str:
+    """sha256 over the draft's kind, config, and every parameter's shape and sum (model-free: its settings)."""
+    inner = getattr(draft, "model_drafter", draft)
+    lm = getattr(inner, "lm", None)
+    model = lm.model if lm is not None else unwrap(draft, None)[0]
+    digest = hashlib.sha256(type(draft).__name__.encode())
+    if isinstance(model, torch.nn.Module):
+        digest.update(model.config.to_json_string(use_diff=False).encode())
+        with torch.no_grad():
+            for name, parameter in model.named_parameters():
+                digest.update(f"{name}{tuple(parameter.shape)}{float(parameter.double().sum()):.17g}".encode())
+    else:
+        digest.update(repr(sorted(vars(draft).items())).encode())
+    return digest.hexdigest()[:16]
+
+
+def prompts_fingerprint(prompts: list[Prompt]) -> str:
+    """sha256 of the prompts' ids, categories and texts."""
+    text = json.dumps([[p.id, p.category, p.split, p.prompt] for p in prompts], ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -93,9 +119,10 @@ def run_bench(target, contenders: list[Contender], prompts: list[Prompt], ks: li
     each finished cell. hf_plain=False skips the HF plain `generate()` column.
     """
     out = Path(out_dir)
-    check_run_folder(out, config)
+    check_run_folder(out, replace(config, prompts=prompts_fingerprint(prompts)))
     target_model, tokenizer = unwrap(target, tokenizer)
     done = {row_key(r) for r in read_rows(out)}
+    _check_weights(read_rows(out), contenders)
     todo = {p.id: [(c, k) for c in contenders for k in ks if (c.name, str(k), p.id) not in done] for p in prompts}
     if any(todo.values()):
         _warm_up(target_model, contenders, ks, encode(prompts[0], tokenizer), config)
@@ -115,6 +142,15 @@ def run_bench(target, contenders: list[Contender], prompts: list[Prompt], ks: li
     return rows
 
 
+def _check_weights(rows: list[dict], contenders: list[Contender]) -> None:
+    """Refuse to resume a folder whose rows were measured with other weights under a draft's name."""
+    for entry in contenders:
+        stored = {r.get("draft_weights") for r in rows if r["draft"] == entry.name}
+        if stored - {entry.weights}:
+            raise ValueError(f"the run folder holds {entry.name!r} rows measured with other weights (a retrained "
+                             "draft under the same name): use a new --out folder")
+
+
 def cells_to_run(out_dir: str | Path, contenders: list[Contender], prompts: list[Prompt], ks: list) -> int:
     """How many cells a run will measure (those not already in out_dir), for a progress bar."""
     done = {row_key(r) for r in read_rows(Path(out_dir))}
@@ -129,7 +165,8 @@ def _cell(target_model, entry: Contender, k, prompt: Prompt, ids: list[int], con
     rounds = ours.result.rounds
     greedy = config.temperature == 0
     return {
-        "target": config.target, "draft": entry.name, "k": str(k), "prompt_id": prompt.id,
+        "target": config.target, "draft": entry.name, "draft_weights": entry.weights, "k": str(k),
+        "prompt_id": prompt.id,
         "category": prompt.category, "language": prompt.language, "split": prompt.split,
         "prompt_tokens": len(ids), "max_new_tokens": config.max_new_tokens, "temperature": config.temperature,
         "dtype": config.dtype, "repeats": config.repeats,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 
@@ -21,17 +22,42 @@ def row_key(row: dict) -> tuple[str, str, str]:
 
 
 def read_rows(out_dir: str | Path) -> list[dict]:
-    """Rows of `results.jsonl` in a run folder ([] when there is none)."""
+    """Rows of `results.jsonl` in a run folder ([] when there is none).
+
+    A last line cut short by a killed run (no newline, or not JSON) is dropped from the file, so the next
+    append starts on a line of its own; a bad line anywhere else is an error naming file:line.
+    """
     path = Path(out_dir) / RESULTS_JSONL
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    lines = path.read_text(encoding="utf-8").split("\n")  # a complete file ends with "\n": last item ""
+    rows = []
+    for number, line in enumerate(lines[:-1], start=1):
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            raise ValueError(f"{path}:{number}: not a JSON row ({line[:60]!r}); move the file away to start over")
+    if lines[-1]:  # a torn last line: keep every complete row, drop the fragment
+        write_atomically(path, "".join(line + "\n" for line in lines[:-1]))
+    return rows
 
 
 def append_row(out_dir: Path, row: dict) -> None:
-    """Add one finished cell to `results.jsonl`."""
+    """Add one finished cell to `results.jsonl` (one write of one whole line, flushed to disk)."""
     with open(Path(out_dir) / RESULTS_JSONL, "a", encoding="utf-8") as f:
         f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write `text` to a temporary sibling, fsync it and rename it over `path`: never half a file."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(temporary, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, path)
 
 
 def check_run_folder(out: Path, config) -> None:
@@ -40,7 +66,7 @@ def check_run_folder(out: Path, config) -> None:
     path = out / CONFIG_JSON
     wanted = asdict(config)
     if not path.exists():
-        path.write_text(json.dumps(wanted, indent=1), encoding="utf-8")
+        write_atomically(path, json.dumps(wanted, indent=1))
         return
     stored = json.loads(path.read_text(encoding="utf-8"))
     if stored != wanted:

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 
 from ..bench import (BenchConfig, advice_rows, cells_to_run, contender, format_report, llamacpp, row_costs,
                      run_bench, summarise)
+from ..bench.run import prompts_fingerprint
+from ..bench.store import check_run_folder, write_atomically
 from ..costs import calibrate
 from ..limits import K_AUTO_START, K_MAX
 from ..measure import Calibration, calibrate_layers
@@ -62,11 +64,12 @@ def run(args) -> int:
         print(note, flush=True)
     target = load_model(args.target, dtype=args.dtype, quant=args.quant)
     out = Path(args.out)
+    config = BenchConfig(target=args.target, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                         repeats=args.repeats, seed=args.seed, dtype=target.dtype)
+    check_run_folder(out, replace(config, prompts=prompts_fingerprint(prompts)))  # before anything is written
     calibration = calibrate_self_auto(target, args, out) if SELF_AUTO in args.draft else None
     specs = [f"self:{calibration.best_layers}" if spec == SELF_AUTO else spec for spec in args.draft]
     contenders = [calibrated(spec, load_draft(spec, target, dtype=args.dtype), target) for spec in specs]
-    config = BenchConfig(target=args.target, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                         repeats=args.repeats, seed=args.seed, dtype=target.dtype)
     print(f"target {target.name} ({target.dtype}); drafts {', '.join(c.name for c in contenders)}; "
           f"{len(prompts)} prompts x k {args.k}; HF assisted for: "
           f"{', '.join(c.name for c in contenders if c.hf_assistant is not None) or 'none'}")
@@ -138,8 +141,7 @@ def calibrate_self_auto(target, args, out: Path) -> Calibration:
     calibration = calibrate_layers(target, [encode(p, target.tokenizer) for p in prompts], k=settings["k"],
                                    candidates=args.self_layers, max_new_tokens=settings["max_new_tokens"],
                                    on_layer=print_layer)
-    out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"settings": settings, **calibration.to_dict()}, indent=1))
+    write_atomically(path, json.dumps({"settings": settings, **calibration.to_dict()}, indent=1))
     print(calibration_text(calibration), flush=True)
     return calibration
 
