@@ -129,7 +129,8 @@ def _describe(measurement: DraftMeasurement) -> str:
 
 
 class DraftTrials:
-    """Runs drafts on fixed prompts, greedy, against a target-alone baseline measured once (after a warm-up)."""
+    """The one harness that measures drafts against the target alone: fixed prompts, greedy, a warm-up, then the
+    target-alone baseline once; each draft runs every prompt (`run`) and is pooled (`measure`, `identical`)."""
 
     def __init__(self, target_model, prompts_ids, k: int, max_new_tokens: int):
         if not prompts_ids:
@@ -138,15 +139,23 @@ class DraftTrials:
         self.model, self.tokenizer, self.prompts = model, tokenizer, list(prompts_ids)
         self.k, self.max_new_tokens = k, max_new_tokens
         autoregressive_generate(model, self.prompts[0], max_new_tokens=2, tokenizer=tokenizer)  # warm-up, untimed
-        self.baseline_tokens_per_s = pooled_stats([
-            autoregressive_generate(model, p, max_new_tokens=max_new_tokens, tokenizer=tokenizer)
-            for p in self.prompts], 0).tokens_per_s
+        self.alone = [autoregressive_generate(model, p, max_new_tokens=max_new_tokens, tokenizer=tokenizer)
+                      for p in self.prompts]  # the target alone on each prompt
+        self.baseline = pooled_stats(self.alone, 0)  # pooled over the prompts
+        self.baseline_tokens_per_s = self.baseline.tokens_per_s
+
+    def run(self, draft, costs=None) -> list:
+        """`draft` (a model or Drafter, reused across prompts) on every prompt: one GenerationResult each."""
+        return [speculative_generate(self.model, draft, p, k=self.k, max_new_tokens=self.max_new_tokens,
+                                     tokenizer=self.tokenizer, costs=costs) for p in self.prompts]
+
+    def identical(self, results: list) -> int:
+        """How many of `results` equal the target alone's greedy output on the same prompt."""
+        return sum(r.token_ids == a.token_ids for r, a in zip(results, self.alone))
 
     def measure(self, name: str, make_drafter: Callable[[], Drafter]) -> DraftMeasurement:
         """Greedy-generate every prompt with a fresh drafter; pool all rounds into one DecodeStats."""
-        results = [speculative_generate(self.model, make_drafter(), p, k=self.k,
-                                        max_new_tokens=self.max_new_tokens, tokenizer=self.tokenizer)
-                   for p in self.prompts]
+        results = self.run(make_drafter())
         stats = pooled_stats(results, self.k)
         rounds = [r for result in results for r in result.rounds]
         return DraftMeasurement(

@@ -35,8 +35,8 @@ from .costs import calibrate
 from .distill import DistillConfig, cached_examples, generate_examples
 from .drafters import NaiveCrossVocabDrafter, TextBridgeDrafter, from_spec
 from .drafters.pruned import MOST_FREQUENT, VOCAB_SEPARATOR, build_vocabulary, save_vocabulary
-from .engine import autoregressive_generate, speculative_generate
 from .inputs import vocab_size
+from .measure import DraftTrials
 from .models import apply_speed_levers, cache, load_draft, load_model
 from .suites import ALL, encode, load_suite
 from .trace import measured_speedup, pooled_stats
@@ -176,9 +176,8 @@ def stage_measure(target, other, same_draft: str, settings: RecipeSettings, fold
 def measure(target, other, same_draft: str, settings: RecipeSettings, folder: Path, say: Say = print) -> list[Row]:
     """Every row of the table, measured here in one run; writes results.json and table.md."""
     held_out, n, k = settings.held_out, settings.measure_max_new_tokens, settings.k
-    autoregressive_generate(target, held_out[0], max_new_tokens=2)  # warm-up: first calls are slower
-    alone = [autoregressive_generate(target, ids, max_new_tokens=n) for ids in held_out]
-    baseline = pooled_stats(alone, 0)
+    trials = DraftTrials(target, held_out, k, n)  # warm-up, then the target alone once
+    baseline = trials.baseline
     distilled = folder / "distill" / "draft"
     pruned = f"{distilled}{VOCAB_SEPARATOR}{folder / 'prune' / 'vocabulary.json'}"
     load = lambda name: load_model(name, dtype=target.dtype)  # noqa: E731
@@ -193,14 +192,14 @@ def measure(target, other, same_draft: str, settings: RecipeSettings, folder: Pa
         ("f", "(f) (e) with a pruned vocabulary", "target's, pruned", lambda: from_spec(pruned, target, load=load)),
     ]
     rows = [Row("target alone", "target's", math.nan, 1.0, 0.0, 1.0, 1.0, _ms_per_token(baseline),
-                f"{len(alone)}/{len(alone)}")]
+                f"{len(held_out)}/{len(held_out)}")]
     say(markdown(rows).rstrip())
     for letter, label, tokenizer, make in contenders:
         draft = make()
         costs = calibrate(target, draft, cache_dir=folder / "costs" / letter)
-        results = [speculative_generate(target, draft, ids, k=k, max_new_tokens=n, costs=costs) for ids in held_out]
+        results = trials.run(draft, costs)
         stats = pooled_stats(results, k, costs)
-        same = sum(r.token_ids == a.token_ids for r, a in zip(results, alone))
+        same = trials.identical(results)
         rows.append(Row(label, tokenizer, stats.acceptance_rate, stats.mean_accepted_length, stats.cost_ratio,
                         stats.predicted_speedup, measured_speedup(stats, baseline), _ms_per_token(stats),
                         f"{same}/{len(results)}"))
