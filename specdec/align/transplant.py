@@ -18,7 +18,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..inputs import vocab_size
 from .report import SPECIAL_ROLES, decode_text, shared_token_map, token_texts
 
 

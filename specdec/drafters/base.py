@@ -10,7 +10,6 @@ rollback rule of model drafters), so the engine never tells it what was accepted
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
