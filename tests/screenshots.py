@@ -6,6 +6,7 @@ Used by tests/test_browser.py and to make the screenshots in docs/:
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -15,9 +16,20 @@ HEADLESS_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-network
 VIEWPORT = {"width": 1400, "height": 1000}
 
 
-def open_browser(playwright):
-    return playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=HEADLESS_FLAGS)
+@contextlib.contextmanager
+def page_at(url: str):
+    """A headless Chromium page of VIEWPORT size showing `url`; the browser closes on exit."""
+    from playwright.sync_api import sync_playwright
 
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=HEADLESS_FLAGS)
+        try:
+            page = browser.new_page(viewport=VIEWPORT)
+            page.goto(url)
+            yield page
+        finally:
+            browser.close()
+    
 
 def run_live(page, timeout_ms: int) -> None:
     """Press Run on the live tab and wait for chips, the round table, a plot and the final status."""
@@ -92,14 +104,9 @@ def run_position(page, timeout_ms: int, round_index: int = 1, position: int = 1)
 
 def teaching_screenshots(url: str, out_dir: str | Path, timeout_ms: int = 600_000) -> list[Path]:
     """step-through.png, position.png (sampling, a rejected position when there is one) and waterfall.png."""
-    from playwright.sync_api import sync_playwright
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as playwright:
-        browser = open_browser(playwright)
-        page = browser.new_page(viewport=VIEWPORT)
-        page.goto(url)
+    with page_at(url) as page:
         choose_k(page, 4)
         run_live(page, timeout_ms)
         page.wait_for_selector("#waterfall-plot .main-svg", timeout=timeout_ms)
@@ -115,29 +122,22 @@ def teaching_screenshots(url: str, out_dir: str | Path, timeout_ms: int = 600_00
         position = min(last["accepted"] + 1, len(last["drafts"]) + 1)
         run_position(page, timeout_ms, last["round"], position)
         page.locator("#position-plot").screenshot(path=str(out_dir / "position.png"))
-        browser.close()
     return [out_dir / name for name in ("step-through.png", "position.png", "waterfall.png")]
 
 
 def screenshots(url: str, out_dir: str | Path, tabs: tuple[str, ...] = ("live", "compare", "theory"),
                 timeout_ms: int = 600_000) -> list[Path]:
     """Run each of `tabs` once and save one full-page PNG per tab into `out_dir`; return the paths."""
-    from playwright.sync_api import sync_playwright
-
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     saved = []
-    with sync_playwright() as playwright:
-        browser = open_browser(playwright)
-        page = browser.new_page(viewport=VIEWPORT)
-        page.goto(url)
+    with page_at(url) as page:
         runs = {"live": run_live, "compare": run_compare, "theory": run_theory}
         for name in tabs:
             runs[name](page, timeout_ms)
             path = out_dir / f"{name}.png"
             page.screenshot(path=str(path), full_page=True)
             saved.append(path)
-        browser.close()
     return saved
 
 

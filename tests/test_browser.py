@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from test_app_server import app_server  # noqa: F401 - the served app fixture
-from screenshots import CHROMIUM, VIEWPORT, choose_k, open_browser, run_live, run_position, run_step
+from screenshots import CHROMIUM, choose_k, page_at, run_live, run_position, run_step
 
 # skipped on a developer machine without chromium; in CI (CI=true) a missing browser is a failure
 pytestmark = pytest.mark.skipif(shutil.which(CHROMIUM) is None and not os.environ.get("CI"),
@@ -16,13 +16,8 @@ TIMEOUT_MS = 120_000
 
 
 def test_browser_decode_shows_coloured_chips_round_table_and_plots(app_server, tmp_path):  # noqa: F811
-    from playwright.sync_api import sync_playwright
-
     url, _ = app_server
-    with sync_playwright() as playwright:
-        browser = open_browser(playwright)
-        page = browser.new_page(viewport=VIEWPORT)
-        page.goto(url)
+    with page_at(url) as page:
         run_live(page, TIMEOUT_MS)
         chips = page.locator("#chips-box .chip")
         assert chips.count() > 10
@@ -35,27 +30,20 @@ def test_browser_decode_shows_coloured_chips_round_table_and_plots(app_server, t
         assert page.locator("#histogram-plot .main-svg").count() >= 1
         assert "measured speedup" in page.locator("#stats-box").inner_text()
         page.screenshot(path=str(tmp_path / "live.png"), full_page=True)
-        browser.close()
     assert (tmp_path / "live.png").stat().st_size > 10_000
 
 
 def test_browser_step_through_shows_the_engines_rounds_one_by_one(app_server, tmp_path):  # noqa: F811
     """Three clicks, three rounds: drafts, p_draft, the target's top-1 rows and what is kept match the engine."""
-    from playwright.sync_api import sync_playwright
-
     from specdec import speculative_generate
     from specdec.dashboard.config import PROMPTS
     from specdec.models import load_model
 
     url, paths = app_server
-    with sync_playwright() as playwright:
-        browser = open_browser(playwright)
-        page = browser.new_page(viewport=VIEWPORT)
-        page.goto(url)
+    with page_at(url) as page:
         choose_k(page, 3)
         shown = run_step(page, TIMEOUT_MS, rounds=3)
         text = run_position(page, TIMEOUT_MS, 2, 1)
-        browser.close()
     engine = speculative_generate(load_model(paths["target"]), load_model(paths["draft"]), next(iter(PROMPTS.values())),
                                   k=3, max_new_tokens=24)
     for index, (view, r) in enumerate(zip(shown, engine.rounds), start=1):
