@@ -150,10 +150,13 @@ def generate_examples(model, prompts: list[list[int]], *, max_new_tokens: int, t
     return examples
 
 
-def generate_batched(model, prompts: list[list[int]], *, max_new_tokens: int, source: str = "target") -> list[Example]:
-    """Greedy continuations of `prompts`, all in one batch: left-padded rows with an attention mask through
-    `model.generate`, each cut after its first EOS (kept). Padding can change low-precision rounding, so
-    a row may differ from `generate_examples`' one-at-a-time output (the recipe measures how often)."""
+def generate_batched(model, prompts: list[list[int]], *, max_new_tokens: int, temperature: float = 0.0,
+                     seed: int = 0, source: str = "target") -> list[Example]:
+    """Continuations of `prompts`, all in one batch: left-padded rows with an attention mask through
+    `model.generate`, each cut after its first EOS (kept). Greedy at temperature 0 (padding can change
+    low-precision rounding, so a row may differ from `generate_examples`' one-at-a-time output; the recipe
+    measures how often), else sampled from the model's own distribution at `temperature` (no top-k/top-p),
+    reproducibly from `seed` without touching the global random state."""
     from .inputs import resolve_eos
 
     model, _ = unwrap(model, None)
@@ -162,9 +165,12 @@ def generate_batched(model, prompts: list[list[int]], *, max_new_tokens: int, so
     device = next(model.parameters()).device
     ids = torch.tensor([[0] * (width - len(p)) + list(p) for p in prompts], device=device)  # [B, T] left-padded
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)  # [B, T]
-    with torch.inference_mode():
+    sampling = (dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0
+                else dict(do_sample=False))
+    with torch.inference_mode(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
         out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, min_new_tokens=1,
-                             do_sample=False, eos_token_id=sorted(eos) or None, pad_token_id=0)  # [B, T + n]
+                             eos_token_id=sorted(eos) or None, pad_token_id=0, **sampling)  # [B, T + n]
     examples = []
     for prompt, row in zip(prompts, out[:, width:].tolist()):
         end = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
@@ -176,9 +182,7 @@ def cached_examples(model, prompts: list[list[int]], cache_dir, *, max_new_token
                     seed: int = 0, source: str = "target", model_name: str = "", batch_size: int = 1) -> list[Example]:
     """`generate_examples`, stored once under cache_dir as jsonl (the key hashes every input).
 
-    batch_size > 1 (greedy only): `generate_batched` over that many prompts at a time (its own cache file)."""
-    if batch_size > 1 and temperature > 0:
-        raise ValueError("batched generation of training data is greedy only: use batch_size=1 to sample")
+    batch_size > 1: `generate_batched` over that many prompts at a time (its own cache file)."""
     parts = [model_name, _fingerprint(model), prompts, max_new_tokens, temperature, seed, source]
     key = hashlib.sha256(json.dumps(parts + ([batch_size] if batch_size > 1 else [])).encode()).hexdigest()[:16]
     path = Path(cache_dir) / f"{source}-continuations-{key}.jsonl"
@@ -191,7 +195,7 @@ def cached_examples(model, prompts: list[list[int]], cache_dir, *, max_new_token
         for i in range(len(done), len(prompts), batch_size):
             if batch_size > 1:
                 examples = generate_batched(model, prompts[i:i + batch_size], max_new_tokens=max_new_tokens,
-                                            source=source)
+                                            temperature=temperature, seed=seed + i, source=source)
             else:
                 examples = generate_examples(model, prompts[i:i + 1], max_new_tokens=max_new_tokens,
                                              temperature=temperature, seed=seed + i, source=source)

@@ -9,8 +9,9 @@ et al. 2025) bring it back? Stages, each cached in the domain's folder and skipp
 |---|---|---|
 | report | report.json | tokenizer compatibility of the two models (`specdec.align.report`) |
 | transplant | transplant/ | the draft hard-cloned onto the target's tokenizer, rows copied by token string |
-| data | data.json | the target's greedy continuations of the training prompts (cached in distill/data/; several
-  prompts per batched forward with `generation_batch`, and how many match one-at-a-time generation) |
+| data | data.json | the target's greedy continuations of the training prompts, plus `samples` sampled ones per
+  prompt (cached in distill/data/; several rows per batched forward with `generation_batch`, and how many greedy
+  rows match one-at-a-time generation) |
 | distill | distill/ | transplant/ distilled on that data (resumable checkpoints; `specdec.distill`) |
 | prune | prune/vocabulary.json | target ids the domain data uses plus the most frequent ones of general text |
 | measure | results.json, table.md | every draft on held-out prompts, against the target alone |
@@ -59,6 +60,8 @@ class RecipeSettings:
     k: int = 5  # draft tokens per round when measuring
     most_frequent: int = MOST_FREQUENT  # general-text tokens kept in the pruned vocabulary
     generation_batch: int = 1  # training prompts the target continues per batched forward (1 = one at a time)
+    samples: int = 0  # sampled target continuations per training prompt besides the greedy one (more contexts)
+    sample_temperature: float = 0.8  # temperature of those samples (the target's own distribution, sharpened)
 
 
 @dataclass
@@ -126,7 +129,8 @@ def stage_data(target, settings: RecipeSettings, folder: Path) -> str:
     data = _data(target, settings, folder)
     seconds = time.perf_counter() - start
     tokens = sum(len(e.completion_ids) for e in data)
-    summary = {"prompts": len(data), "continuation_tokens": tokens, "generation_batch": settings.generation_batch,
+    summary = {"sequences": len(data), "prompts": len(settings.train), "samples": settings.samples,
+               "continuation_tokens": tokens, "generation_batch": settings.generation_batch,
                "s_per_row": round(seconds / len(data), 2)}
     note = ""
     if settings.generation_batch > 1:  # batching may change rounding: compare a few rows with one at a time
@@ -139,7 +143,9 @@ def stage_data(target, settings: RecipeSettings, folder: Path) -> str:
         note = (f"; {summary['s_per_row']:.1f} s per row batched vs {summary['one_at_a_time_s_per_row']:.1f} s one at "
                 f"a time, rows equal to one-at-a-time: {same}/{len(checked)}")
     cache.write_text(folder / "data.json", json.dumps(summary))
-    return f"{len(data)} target continuations, {tokens} tokens{note}"
+    sampled = f" (greedy + {settings.samples} sampled at T={settings.sample_temperature} per prompt)" \
+        if settings.samples else ""
+    return f"{len(data)} target continuations{sampled}, {tokens} tokens{note}"
 
 
 def stage_distill(target, settings: RecipeSettings, folder: Path) -> str:
@@ -148,7 +154,7 @@ def stage_distill(target, settings: RecipeSettings, folder: Path) -> str:
     aligned = load_model(str(folder / "transplant"), dtype=target.dtype)
     report = distill_to_folder(target, aligned, settings.train, settings.held_out, settings.distill,
                                folder / "distill", max_new_tokens=settings.max_new_tokens, resume=True,
-                               generation_batch=settings.generation_batch)
+                               data=_data(target, settings, folder))
     first, last = report.evals[0], report.evals[-1]
     return (f"{settings.distill.steps} steps, held-out α̂ {first['acceptance_rate']:.3f} -> "
             f"{last['acceptance_rate']:.3f}")
@@ -241,10 +247,13 @@ def transplanted(other, target, method: str):
 
 
 def _data(target, settings: RecipeSettings, folder: Path):
-    """The target's continuations of the training prompts: the same cache file `distill_to_folder` reads."""
-    return cached_examples(target, settings.train, folder / "distill" / "data",
-                           max_new_tokens=settings.max_new_tokens, model_name=target.name,
-                           batch_size=settings.generation_batch)
+    """The target's continuations of the training prompts, greedy then `samples` sampled ones per prompt
+    (cached in distill/data/, so the data and distill stages read the same examples)."""
+    def continuations(prompts, temperature):
+        return cached_examples(target, prompts, folder / "distill" / "data", max_new_tokens=settings.max_new_tokens,
+                               temperature=temperature, model_name=target.name, batch_size=settings.generation_batch)
+    sampled = continuations(settings.train * settings.samples, settings.sample_temperature) if settings.samples else []
+    return continuations(settings.train, 0.0) + sampled
 
 
 def _remove_partials(output: Path) -> None:

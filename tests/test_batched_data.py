@@ -2,6 +2,7 @@
 import json
 
 import pytest
+import torch
 
 from specdec.distill import cached_examples, generate_batched, generate_examples
 from specdec.testing import tiny_model
@@ -18,7 +19,7 @@ def test_batched_rows_equal_one_at_a_time_in_float32(arch):
     assert [e.prompt_ids for e in batched] == PROMPTS
 
 
-def test_cached_batched_data_has_its_own_file_and_refuses_sampling(tmp_path):
+def test_cached_batched_data_has_its_own_file(tmp_path):
     model = tiny_model("llama", seed=4)
     one = cached_examples(model, PROMPTS, tmp_path, max_new_tokens=6)
     batched = cached_examples(model, PROMPTS, tmp_path, max_new_tokens=6, batch_size=3)
@@ -26,5 +27,19 @@ def test_cached_batched_data_has_its_own_file_and_refuses_sampling(tmp_path):
     files = sorted(tmp_path.glob("*.jsonl"))
     assert len(files) == 2 and all(len(f.read_text().splitlines()) == 4 for f in files)
     assert json.loads(files[0].read_text().splitlines()[0])["source"] == "target"
-    with pytest.raises(ValueError, match="greedy only"):
-        cached_examples(model, PROMPTS, tmp_path, max_new_tokens=6, temperature=1.0, batch_size=2)
+
+
+def test_batched_sampling_is_reproducible_and_leaves_the_global_random_state_alone():
+    model = tiny_model("llama", seed=4)
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    first = generate_batched(model, PROMPTS * 2, max_new_tokens=8, temperature=1.0, seed=5)
+    assert torch.equal(torch.get_rng_state(), before)
+    again = generate_batched(model, PROMPTS * 2, max_new_tokens=8, temperature=1.0, seed=5)
+    other = generate_batched(model, PROMPTS * 2, max_new_tokens=8, temperature=1.0, seed=6)
+    greedy = generate_batched(model, PROMPTS * 2, max_new_tokens=8)
+    rows = lambda examples: [e.completion_ids for e in examples]  # noqa: E731
+    assert rows(first) == rows(again)
+    assert rows(first) != rows(other) and rows(first) != rows(greedy)
+    assert rows(greedy)[:4] == rows(greedy)[4:]  # greedy: a repeated prompt gives the same row
+    assert rows(first)[:4] != rows(first)[4:]  # sampled: each row draws its own tokens

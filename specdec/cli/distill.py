@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from ..align.transplant import save_aligned
-from ..distill import DIVERGENCES, DistillConfig, DistillReport, cached_examples, distill, process_state
+from ..distill import DIVERGENCES, DistillConfig, DistillReport, Example, cached_examples, distill, process_state
 from ..inputs import check_vocabularies
 from ..models import add_model_arguments, cache, load_draft, load_model
 from ..suites import Prompt, available_suites, encode, has_held_out, load_suite, split_note
@@ -132,15 +132,16 @@ def run(args) -> int:
 
 def distill_to_folder(target, draft, train: list[list[int]], held_out: list[list[int]], config: DistillConfig,
                       out: Path, *, max_new_tokens: int, on_policy: bool = False, resume: bool = False,
-                      generation_batch: int = 1) -> DistillReport:
+                      data: list[Example] | None = None) -> DistillReport:
     """Generate (or read) the data, distil with a progress bar, save draft/, report.json and loss.html.
-    generation_batch: target prompts continued per batched forward (`specdec.distill.cached_examples`)."""
+    data: training examples made by the caller (the aligned-draft recipe); else the target's greedy
+    continuations of `train`, cached in out/data/."""
     from tqdm import tqdm
 
     state = process_state()
     with state.main_process_first():  # the main process generates the data; the others read its cache
-        data = cached_examples(target, train, out / "data", max_new_tokens=max_new_tokens, model_name=target.name,
-                               batch_size=generation_batch)
+        data = data if data is not None else cached_examples(target, train, out / "data",
+                                                             max_new_tokens=max_new_tokens, model_name=target.name)
         if on_policy:
             data += cached_examples(draft, train, out / "data", max_new_tokens=max_new_tokens, source="draft",
                                     model_name=draft.name)

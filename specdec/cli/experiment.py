@@ -35,8 +35,11 @@ def register(subparsers) -> None:
     e.add_argument("--measure-max-new-tokens", type=int, default=48, help="tokens generated per held-out prompt")
     e.add_argument("--most-frequent", type=int, default=2048,
                    help="general-text tokens kept in the pruned vocabulary besides the domain's own")
-    e.add_argument("--generation-batch", type=int, default=1,
+    e.add_argument("--generation-batch", type=int, default=8,
                    help="training prompts the target continues per batched forward (left padding; 1 = one at a time)")
+    e.add_argument("--samples", type=int, default=3,
+                   help="sampled target continuations per training prompt besides the greedy one (more contexts)")
+    e.add_argument("--sample-temperature", type=float, default=0.8, help="temperature of those samples")
     add_distill_arguments(e)
     e.set_defaults(prompts="finance")
     e.add_argument("--out", default="runs/align-distill",
@@ -70,7 +73,7 @@ def run(args) -> int:
                    if isinstance(p.prompt, str)] or list(DEFAULT_TEXTS),
             distill=config_from(args), max_new_tokens=args.max_new_tokens,
             measure_max_new_tokens=args.measure_max_new_tokens, k=args.k, most_frequent=args.most_frequent,
-            generation_batch=args.generation_batch)
+            generation_batch=args.generation_batch, samples=args.samples, sample_temperature=args.sample_temperature)
         rows = run_recipe(target, other, args.same_draft, settings, Path(args.out) / name, domain=name)
         print(f"\n{name}:\n{markdown(rows)}", flush=True)
     return 0
