@@ -143,7 +143,7 @@ def distill_to_folder(target, draft, train: list[list[int]], held_out: list[list
         data = data if data is not None else cached_examples(target, train, out / "data",
                                                              max_new_tokens=max_new_tokens, model_name=target.name)
         if on_policy:
-            data += cached_examples(draft, train, out / "data", max_new_tokens=max_new_tokens, source="draft",
+            data = data + cached_examples(draft, train, out / "data", max_new_tokens=max_new_tokens, source="draft",
                                     model_name=draft.name)
     bar = tqdm(total=config.steps, desc="distill", unit="step", disable=not state.is_main_process)
     def progress(step: int, steps: int, record: dict) -> None:
