@@ -1,5 +1,7 @@
 """Drafts measured against the target alone: one harness, and the self-speculation calibration built on it.
 
+`warm_up` and `time_median` are the timing core every measurement shares (`DraftTrials` here, the bench's
+cells in `specdec.bench.run`): untimed first calls, then a generation timed `repeats` times, median.
 `DraftTrials` runs drafts on fixed prompts, greedy, against a target-alone baseline measured once
 after a warm-up. `calibrate_layers` picks the L of self-speculation (`specdec.drafters.selfspec`) by
 the cost-aware bound of Leviathan et al. 2023 measured on a few prompts; `recommend_fallback` compares
@@ -7,6 +9,8 @@ the best L with prompt lookup for the acceptance probe.
 """
 from __future__ import annotations
 
+import statistics
+import time
 from dataclasses import asdict, dataclass
 from typing import Callable
 
@@ -16,6 +20,45 @@ from .drafters.selfspec import SelfSpeculativeDraft, decoder_layers
 from .engine import autoregressive_generate, speculative_generate
 from .inputs import unwrap
 from .trace import pooled_stats, ratio
+
+
+WARMUP_TOKENS = 4  # new tokens of a warm-up call (first-call allocation and kernel selection)
+
+
+@dataclass
+class Timed:
+    """A generation timed `repeats` times: the first run's output and the median wall time."""
+
+    output: object  # what the first run returned: a GenerationResult, or the new token ids (HF `generate`)
+    seconds: float  # median wall time over the repeats
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.output if isinstance(self.output, list) else self.output.token_ids
+
+    @property
+    def tokens_per_s(self) -> float:
+        return ratio(len(self.token_ids), self.seconds)
+
+
+def warm_up(*generations: Callable[[], object]) -> None:
+    """Call each once, untimed, so first-call allocations and kernel choice never land in a measurement."""
+    for generate in generations:
+        generate()
+
+
+def time_median(generate: Callable[[], object], repeats: int) -> Timed:
+    """Run `generate` `repeats` times (at least once); keep the first output and the median wall time."""
+    output, first_s = _timed(generate)
+    seconds = [first_s] + [_timed(generate)[1] for _ in range(repeats - 1)]
+    return Timed(output, statistics.median(seconds))
+
+
+def _timed(generate: Callable[[], object]) -> tuple[object, float]:
+    """`generate()`'s output and its wall time in seconds."""
+    start = time.perf_counter()
+    output = generate()
+    return output, time.perf_counter() - start
 
 
 @dataclass
@@ -138,7 +181,8 @@ class DraftTrials:
         model, tokenizer = unwrap(target_model, None)
         self.model, self.tokenizer, self.prompts = model, tokenizer, list(prompts_ids)
         self.k, self.max_new_tokens = k, max_new_tokens
-        autoregressive_generate(model, self.prompts[0], max_new_tokens=2, tokenizer=tokenizer)  # warm-up, untimed
+        warm_up(lambda: autoregressive_generate(model, self.prompts[0], max_new_tokens=WARMUP_TOKENS,
+                                                tokenizer=tokenizer))
         self.alone = [autoregressive_generate(model, p, max_new_tokens=max_new_tokens, tokenizer=tokenizer)
                       for p in self.prompts]  # the target alone on each prompt
         self.baseline = pooled_stats(self.alone, 0)  # pooled over the prompts

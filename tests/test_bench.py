@@ -200,6 +200,21 @@ def test_first_divergence():
     assert first_divergence([1, 2], [1, 2, 3]) == 2
 
 
+def test_cells_are_timed_by_the_shared_harness_first_output_median_time(monkeypatch):
+    from types import SimpleNamespace
+
+    from specdec import measure
+
+    clock = iter([0.0, 5.0, 10.0, 11.0, 20.0, 22.0])  # three runs of 5 s, 1 s and 2 s
+    monkeypatch.setattr(measure, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    outputs = iter([[7, 8], [9], [9]])
+    timed = measure.time_median(lambda: next(outputs), repeats=3)
+    assert timed.token_ids == [7, 8] and timed.seconds == 2.0 and timed.tokens_per_s == 1.0
+    calls = []
+    measure.warm_up(lambda: calls.append("a"), lambda: calls.append("b"))
+    assert calls == ["a", "b"]
+
+
 # --- the CLI on tiny folders -----------------------------------------------------------------
 
 def ids_folder(path, seed):

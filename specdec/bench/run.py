@@ -19,8 +19,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import statistics
-import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -32,11 +30,10 @@ from ..costs import CostModel
 from ..engine import autoregressive_generate, speculative_generate
 from ..inputs import resolve_eos, unwrap
 from ..limits import K_AUTO_START
+from ..measure import WARMUP_TOKENS, Timed, time_median, warm_up
 from ..suites import Prompt, encode
 from ..trace import explain_divergence, first_divergence, ratio
 from .store import RESULTS_CSV, append_row, check_run_folder, read_rows, row_key, write_csv
-
-WARMUP_TOKENS = 4  # new tokens of the warm-up calls (first-call allocation and kernel selection)
 
 
 @dataclass
@@ -94,19 +91,6 @@ def prompts_fingerprint(prompts: list[Prompt]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-@dataclass
-class Timed:
-    """One method's output on a prompt and its median wall time."""
-
-    token_ids: list[int]  # new tokens of the first run
-    seconds: float  # median wall time over the repeats
-    result: object = None  # the GenerationResult of our engine (None for HF methods)
-
-    @property
-    def tokens_per_s(self) -> float:
-        return ratio(len(self.token_ids), self.seconds)
-
-
 OnCell = Callable[[dict], None]
 
 
@@ -130,8 +114,8 @@ def run_bench(target, contenders: list[Contender], prompts: list[Prompt], ks: li
         if not todo[prompt.id]:
             continue
         ids = encode(prompt, tokenizer)
-        alone = _time_target_alone(target_model, ids, config)
-        plain = _time_hf(target_model, None, ids, 0, config) if hf_plain else None
+        alone = time_median(_target_alone(target_model, ids, config), config.repeats)
+        plain = time_median(_hf(target_model, None, ids, 0, config), config.repeats) if hf_plain else None
         for entry, k in todo[prompt.id]:
             row = _cell(target_model, entry, k, prompt, ids, config, alone, plain)
             append_row(out, row)
@@ -159,10 +143,11 @@ def cells_to_run(out_dir: str | Path, contenders: list[Contender], prompts: list
 
 def _cell(target_model, entry: Contender, k, prompt: Prompt, ids: list[int], config: BenchConfig,
           alone: Timed, plain: Timed | None) -> dict:
-    ours = _time_ours(target_model, entry, ids, k, config)
-    assisted = _time_hf(target_model, entry.hf_assistant, ids, k, config) if entry.hf_assistant is not None else None
-    stats = ours.result.stats
-    rounds = ours.result.rounds
+    ours = time_median(_ours(target_model, entry, ids, k, config), config.repeats)
+    assisted = (time_median(_hf(target_model, entry.hf_assistant, ids, k, config), config.repeats)
+                if entry.hf_assistant is not None else None)
+    stats = ours.output.stats
+    rounds = ours.output.rounds
     greedy = config.temperature == 0
     return {
         "target": config.target, "draft": entry.name, "draft_weights": entry.weights, "k": str(k),
@@ -173,7 +158,7 @@ def _cell(target_model, entry: Contender, k, prompt: Prompt, ids: list[int], con
         "new_tokens": len(ours.token_ids),
         "target_alone_s": alone.seconds, "target_alone_tokens": len(alone.token_ids),
         "target_alone_tok_s": alone.tokens_per_s,
-        "target_step_s": ratio(alone.result.stats.target_time_s, alone.result.stats.rounds),
+        "target_step_s": ratio(alone.output.stats.target_time_s, alone.output.stats.rounds),
         "ours_s": ours.seconds, "ours_tok_s": ours.tokens_per_s,
         "hf_assisted_s": _field(assisted, "seconds"), "hf_assisted_tok_s": _field(assisted, "tokens_per_s"),
         "hf_plain_s": _field(plain, "seconds"), "hf_plain_tok_s": _field(plain, "tokens_per_s"),
@@ -204,7 +189,7 @@ def metric_fields(stats) -> dict:
 
 def _divergence(ours: Timed, alone: Timed, config: BenchConfig) -> dict | None:
     """Why ours left the target alone's greedy output (`specdec.trace.explain_divergence`), as a row field."""
-    divergence = explain_divergence(ours.result, alone.result, config.dtype)
+    divergence = explain_divergence(ours.output, alone.output, config.dtype)
     return None if divergence is None else {**asdict(divergence), "describe": divergence.describe()}
 
 
@@ -216,47 +201,32 @@ def _field(timed: Timed | None, name: str):
     return getattr(timed, name) if timed is not None else None
 
 
-# --- the four timed methods ------------------------------------------------------------------
+# --- the four timed methods: each builds its generation, `specdec.measure` times it ----------
 
-def _median_time(run: Callable[[], tuple[list[int], object]], repeats: int) -> Timed:
-    """Run `repeats` times; keep the first output and the median wall time."""
-    seconds, first = [], None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        output = run()
-        seconds.append(time.perf_counter() - start)
-        first = first or output
-    return Timed(first[0], statistics.median(seconds), first[1])
+def _ours(target_model, entry: Contender, ids: list[int], k, config: BenchConfig) -> Callable[[], object]:
+    """Our engine with `entry`'s draft: returns its GenerationResult."""
+    return lambda: speculative_generate(target_model, entry.draft, ids, k=k, max_new_tokens=config.max_new_tokens,
+                                        temperature=config.temperature, seed=config.seed, costs=entry.costs)
 
 
-def _time_ours(target_model, entry: Contender, ids: list[int], k, config: BenchConfig) -> Timed:
-    def run():
-        result = speculative_generate(target_model, entry.draft, ids, k=k, max_new_tokens=config.max_new_tokens,
-                                      temperature=config.temperature, seed=config.seed, costs=entry.costs)
-        return result.token_ids, result
-    return _median_time(run, config.repeats)
+def _target_alone(target_model, ids: list[int], config: BenchConfig) -> Callable[[], object]:
+    """The target alone through our engine: returns its GenerationResult."""
+    return lambda: autoregressive_generate(target_model, ids, max_new_tokens=config.max_new_tokens,
+                                           temperature=config.temperature, seed=config.seed)
 
 
-def _time_target_alone(target_model, ids: list[int], config: BenchConfig) -> Timed:
-    def run():
-        result = autoregressive_generate(target_model, ids, max_new_tokens=config.max_new_tokens,
-                                         temperature=config.temperature, seed=config.seed)
-        return result.token_ids, result
-    return _median_time(run, config.repeats)
-
-
-def _time_hf(target_model, assistant, ids: list[int], k, config: BenchConfig) -> Timed:
-    """HF `generate()`, plain (assistant None) or assisted with k drafts per round, constant schedule."""
+def _hf(target_model, assistant, ids: list[int], k, config: BenchConfig) -> Callable[[], list[int]]:
+    """HF `generate()`, plain (assistant None) or assisted with k drafts per round: returns the new token ids."""
     input_ids = torch.tensor([ids], dtype=torch.long, device=target_model.device)  # [1, T]
     generation_config = _hf_generation_config(target_model, config)
 
-    def run():
+    def generate() -> list[int]:
         torch.manual_seed(config.seed)
         with _assistant_schedule(assistant, k), torch.inference_mode():
             out = target_model.generate(input_ids, attention_mask=torch.ones_like(input_ids),
-                                        generation_config=generation_config, assistant_model=assistant)
-        return out[0, len(ids):].tolist(), None  # new tokens only
-    return _median_time(run, config.repeats)
+                                        generation_config=generation_config, assistant_model=assistant)  # [1, T + new]
+        return out[0, len(ids):].tolist()  # new tokens only
+    return generate
 
 
 def _hf_generation_config(target_model, config: BenchConfig) -> GenerationConfig:
@@ -294,10 +264,8 @@ def _assistant_schedule(assistant, k):
 
 def _warm_up(target_model, contenders: list[Contender], ks: list, ids: list[int], config: BenchConfig) -> None:
     """One short untimed call of every method, so no first-call cost lands in a measured cell."""
-    short = BenchConfig(**{**asdict(config), "max_new_tokens": WARMUP_TOKENS, "repeats": 1})
-    _time_target_alone(target_model, ids, short)
-    _time_hf(target_model, None, ids, 0, short)
-    for entry in contenders:
-        _time_ours(target_model, entry, ids, ks[0], short)
-        if entry.hf_assistant is not None:
-            _time_hf(target_model, entry.hf_assistant, ids, ks[0], short)
+    short = replace(config, max_new_tokens=WARMUP_TOKENS, repeats=1)
+    assisted = [entry for entry in contenders if entry.hf_assistant is not None]
+    warm_up(_target_alone(target_model, ids, short), _hf(target_model, None, ids, 0, short),
+            *[_ours(target_model, entry, ids, ks[0], short) for entry in contenders],
+            *[_hf(target_model, entry.hf_assistant, ids, ks[0], short) for entry in assisted])
