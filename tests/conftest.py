@@ -1,6 +1,8 @@
 import pytest
 import torch
 
+from specdec.models import cache
+
 # Tiny test models gain nothing from intra-op threads, and one thread keeps timings steady on 2 cores.
 # Tests that load real models raise this themselves.
 torch.set_num_threads(1)
@@ -22,3 +24,18 @@ def hub():
     from specdec.models import ModelPool
 
     return ModelHub(AppConfig(max_new_tokens_cap=64), pool=ModelPool())
+
+
+@pytest.fixture(scope="session", autouse=True)
+def users_cache(tmp_path_factory):
+    """The user's cache root (yielded), kept out of the test run's writes: the session runs on a tmp
+    `$SPECDEC_CACHE` (subprocesses inherit it) whose `costs/` is its own, so calibrations land there, while
+    every other entry of the user's cache (converted models, GGUFs, locks) is linked in, so real-model
+    tests still find what is already converted."""
+    real, private = cache.root(), tmp_path_factory.mktemp("specdec-cache")
+    for entry in real.iterdir() if real.is_dir() else []:
+        if entry.name != "costs":
+            (private / entry.name).symlink_to(entry)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SPECDEC_CACHE", str(private))
+        yield real

@@ -1,5 +1,6 @@
 """Prompt suites, the benchmark on tiny in-code models (core and CLI), resume, the report and the k advisor."""
 import json
+import time
 
 import pytest
 
@@ -192,6 +193,21 @@ def test_advice_prices_the_calibrated_verification_cost(tiny_run, slope, expect_
     assert (advice.recommended_k == K_MAX) == expect_max_k and advice.leviathan_k == K_MAX
     assert advice.expected_speedup == pytest.approx(theory.predicted_speedup(0.9, advice.recommended_k, 0.0,
                                                                              advice.verify_cost))
+
+
+def test_calibrations_of_a_test_run_land_in_its_tmp_cache_never_the_users(users_cache, tiny_target,
+                                                                          tmp_path_factory):
+    """`tests/conftest.py` points the cache at a tmp folder: a calibration writes there, not into `users_cache`."""
+    from specdec.costs import calibrate
+    from specdec.models.cache import root
+
+    started = time.time()
+    costs = calibrate(tiny_target, None, n_max=2, repeats=1, recalibrate=True)
+    assert root().is_relative_to(tmp_path_factory.getbasetemp())
+    for key in (costs.target.key, costs.draft_key):
+        assert (root() / "costs" / f"{key}.json").is_file()
+        users = users_cache / "costs" / f"{key}.json"
+        assert not users.exists() or users.stat().st_mtime < started
 
 
 def test_first_divergence():
