@@ -1,4 +1,4 @@
-"""The alignment CLIs end to end on tiny models saved as folders: tokcheck, align, distill, experiment."""
+"""The alignment CLIs end to end on tiny models saved as folders: tokenizers, align, distill, experiment."""
 import json
 import os
 import subprocess
@@ -34,8 +34,8 @@ def folders(tmp_path_factory):
             "prompts": str(prompts), "root": root}
 
 
-def test_tokcheck_prints_the_report(folders, capsys):
-    assert main(["tokcheck", "--target", folders["target"], "--draft", folders["other"], "--json"]) == 0
+def test_tokenizers_prints_the_report(folders, capsys):
+    assert main(["tokenizers", "--target", folders["target"], "--draft", folders["other"], "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["identical"] is False and report["target_embedding_rows"] == 400
     assert 0 < report["boundary_mismatch_rate"] < 1
@@ -47,7 +47,7 @@ def test_align_writes_a_draft_that_loads_with_the_target_tokenizer(folders, caps
     printed = capsys.readouterr().out
     assert "vllm serve" in printed and "warning" not in printed
     assert json.loads((out / "alignment.json").read_text())["rows"] == 400
-    assert main(["tokcheck", "--target", folders["target"], "--draft", str(out), "--json"]) == 0
+    assert main(["tokenizers", "--target", folders["target"], "--draft", str(out), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["identical"] is True
 
 

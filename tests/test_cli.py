@@ -1,8 +1,11 @@
-"""`python -m specdec generate` on tiny HF folders: table, stats, JSON, baseline check, clear errors."""
+"""`python -m specdec generate` on tiny HF folders: table, stats, JSON, baseline check, clear errors; command names."""
 import json
+import pkgutil
+import re
 
 import pytest
 
+from specdec import cli
 from specdec.cli import main
 from specdec.testing import tiny_folder
 
@@ -76,3 +79,11 @@ def test_unknown_model_is_a_clear_error(folders, capsys, tmp_path):
     code, _, err = run(capsys, "generate", "--target", str(tmp_path / "nowhere"), "--draft", str(draft),
                        "--prompt", "def")
     assert code == 1 and last_line(err).startswith("error: ")
+
+
+def test_every_command_is_a_whole_word_named_after_its_module(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    listed = re.search(r"\{([a-z,]+)\}", capsys.readouterr().out).group(1).split(",")
+    assert set(listed) <= {module.name for module in pkgutil.iter_modules(cli.__path__)}
+    assert all(name.isalpha() for name in listed) and "tokenizers" in listed

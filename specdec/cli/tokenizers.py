@@ -1,4 +1,4 @@
-"""`python -m specdec tokcheck`: can these two models share one speculative decoder? (tokenizer report)"""
+"""`python -m specdec tokenizers`: can these two models share one speculative decoder? (tokenizer report)"""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ from ..models import add_model_arguments, load_model
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("tokcheck", help="compare the tokenizers of a target and a draft")
+    p = subparsers.add_parser("tokenizers", help="compare the tokenizers of a target and a draft")
     add_model_arguments(p)
     p.add_argument("--draft", required=True, help="draft model (catalogue name, folder, .gguf, hub id)")
     p.add_argument("--texts", help="text file to measure token boundaries on (default: built-in finance/code/"
