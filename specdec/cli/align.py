@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..align.transplant import save_aligned, transplant_vocabulary
 from ..inputs import vocab_size
-from ..models import add_model_arguments, load_model
+from ..models import add_model_arguments, aligned, load_model
 
 
 def register(subparsers) -> None:
@@ -14,6 +14,8 @@ def register(subparsers) -> None:
     p.add_argument("--method", choices=("string", "index"), default="string",
                    help="string: copy rows by token string, new tokens = mean of their pieces (default); "
                         "index: the naive copy of the first rows by number, noise for the rest")
+    p.add_argument("--name", help="name it is registered under in the model cache, loadable as aligned:NAME "
+                                  "(default: the --out folder's name)")
     p.set_defaults(func=run)
 
 
@@ -27,6 +29,9 @@ def run(args) -> int:
           f"{summary.copied} copied, {summary.from_pieces} from pieces, {summary.initialised} initialised"
           f"{', tied' if summary.tied else ''}\nsaved to {out}")
     print(vllm_hint(target.name, str(out), rows, vocab_size(draft.model)))
+    card = aligned.Card(name=aligned.name_for(args.name or out.resolve().name), target=aligned.loaded_id(target),
+                        source=aligned.loaded_id(draft), method="transplant")
+    print(f"registered as {card.spec} in {aligned.register(out, card)}")
     return 0
 
 

@@ -15,7 +15,7 @@ import torch
 from ..align.transplant import save_aligned
 from ..distill import DIVERGENCES, DistillConfig, DistillReport, Example, cached_examples, distill, process_state
 from ..inputs import check_vocabularies
-from ..models import add_model_arguments, cache, load_draft, load_model
+from ..models import add_model_arguments, aligned, cache, load_draft, load_model
 from ..suites import Prompt, available_suites, encode, has_held_out, load_suite, split_note
 
 RUN_OUTPUTS = ("checkpoint", "draft", "report.json", "loss.html")  # what a finished or started run leaves in --out
@@ -30,6 +30,8 @@ def register(subparsers) -> None:
     again = p.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true", help="continue from --out/checkpoint (same settings)")
     again.add_argument("--overwrite", action="store_true", help="replace the run already in --out")
+    p.add_argument("--name", help="name the distilled draft is registered under in the model cache, loadable as "
+                                  "aligned:NAME (default: the --out folder's name)")
     p.set_defaults(func=run)
 
 
@@ -127,13 +129,27 @@ def run(args) -> int:
     print(f"held-out acceptance {first['acceptance_rate']:.3f} -> {last['acceptance_rate']:.3f}, mean accepted "
           f"length {first['mean_accepted_length']:.2f} -> {last['mean_accepted_length']:.2f}; "
           f"saved to {Path(args.out) / 'draft'}")
+    register_draft(args, target, draft, report)
     return 0
 
 
+def register_draft(args, target, draft, report: DistillReport) -> None:
+    """Register --out/draft in the model cache; a draft given as aligned:NAME passes its source on."""
+    card = aligned.find(args.draft.strip())
+    source = card.source if card else aligned.loaded_id(draft)
+    transplanted = card is not None or (draft.path / "alignment.json").is_file()
+    domain = args.prompts if args.prompts in available_suites() else Path(args.prompts).stem
+    name = aligned.name_for(args.name or Path(args.out).resolve().name)
+    aligned.register_distilled(Path(args.out) / "draft", report, name=name, target=aligned.loaded_id(target),
+                               source=source, domain=domain, transplanted=transplanted)
+    print(f"registered as {aligned.PREFIX}{name}")
+
+
 def distill_to_folder(target, draft, train: list[list[int]], held_out: list[list[int]], config: DistillConfig,
-                      out: Path, *, max_new_tokens: int, on_policy: bool = False, resume: bool = False,
+                      out: Path, *, max_new_tokens: int, on_policy: bool = False, resume: bool = False, on_step=None,
                       data: list[Example] | None = None) -> DistillReport:
     """Generate (or read) the data, distil with a progress bar, save draft/, report.json and loss.html.
+    on_step(step, steps, record): called after every optimizer step too (the dashboard's job registry).
     data: training examples made by the caller (the aligned-draft recipe); else the target's greedy
     continuations of `train`, cached in out/data/."""
     from tqdm import tqdm
@@ -149,6 +165,8 @@ def distill_to_folder(target, draft, train: list[list[int]], held_out: list[list
     def progress(step: int, steps: int, record: dict) -> None:
         bar.n = step
         bar.set_postfix(loss=f"{record['loss']:.3f}")
+        if on_step is not None:
+            on_step(step, steps, record)
     report = distill(target, draft, data, config=config, eval_prompts=held_out, checkpoint_dir=out / "checkpoint",
                      resume=resume, progress=progress)
     bar.close()

@@ -16,6 +16,8 @@ Every knob a host needs (a laptop, a free CPU Hugging Face Space) is an environm
 | SPECDEC_DTYPE | dtype | auto (bfloat16 with native bf16 kernels, else float32); int8: the integer path |
 | SPECDEC_TARGET / SPECDEC_DRAFT | default_target / default_draft | the catalogue's default pair |
 | SPECDEC_UNALIGNED | default_unaligned | the catalogue's first unaligned draft |
+| SPECDEC_ALLOW_TRAINING | allow_training | 1 on a loopback host, else 0 (preparing and distilling aligned drafts) |
+| SPECDEC_MAX_DISTILL_STEPS | max_distill_steps | 200 |
 """
 from __future__ import annotations
 
@@ -64,6 +66,8 @@ class AppConfig:
     default_target: str = ""  # preselected target ("" = the catalogue's default pair)
     default_draft: str = ""  # preselected draft ("" = the catalogue's default pair)
     default_unaligned: str = ""  # preselected other-tokenizer draft of the compare tab ("" = the catalogue's first)
+    allow_training: bool = True  # visitors may prepare (transplant) and distil aligned drafts: CPU and disk heavy
+    max_distill_steps: int = 200  # most optimizer steps one distillation started from the app may run
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "AppConfig":
@@ -86,6 +90,8 @@ class AppConfig:
             default_target=environ.get("SPECDEC_TARGET", ""),
             default_draft=environ.get("SPECDEC_DRAFT", ""),
             default_unaligned=environ.get("SPECDEC_UNALIGNED", ""),
+            allow_training=_flag(environ, "SPECDEC_ALLOW_TRAINING", loopback(host)),
+            max_distill_steps=_integer(environ, "SPECDEC_MAX_DISTILL_STEPS", cls.max_distill_steps, 1, 100_000),
         )
         if config.dtype not in DTYPES:
             raise ValueError(f"SPECDEC_DTYPE must be one of {', '.join(DTYPES)}, got {config.dtype!r}")

@@ -15,14 +15,16 @@ import gradio as gr
 import pandas as pd
 
 from specdec import GenerationResult, autoregressive_generate, speculative_generate
+from specdec.models import aligned
 from specdec.report import STAT_LINES, baseline_lines
+from specdec.suites import available_suites
 from specdec.limits import K_AUTO_MAX
 from specdec.trace import measured_speedup
 
-from . import figures, teach
+from . import figures, jobs, teach
 from .chips import chips_html
 from .config import PROMPTS
-from .hub import ModelHub
+from .hub import ModelHub, stages
 from .panels import round_table, stats_html
 from .runs import AUTO, DecodeRequest, RunControl, StopToken, partial_result, stream
 
@@ -66,6 +68,11 @@ def model_choices(hub: ModelHub, compare_columns: int):
     targets, drafts = hub.choices("target"), hub.choices("draft")
     return (gr.update(choices=targets), gr.update(choices=drafts), gr.update(choices=targets),
             *[gr.update(choices=drafts + [("(none)", "")]) for _ in range(compare_columns)])
+
+
+def compare_columns(hub: ModelHub, target: str) -> list:
+    """The compare tab's draft and vocabulary values for `target` (`ModelHub.compare_defaults`)."""
+    return [gr.update(value=value) for column in hub.compare_defaults(target or None) for value in column]
 
 
 def preset_prompt(name: str) -> str:
@@ -258,3 +265,58 @@ def _baseline(target_model, request: DecodeRequest, new_tokens: int, on_round=No
     return autoregressive_generate(target_model, request.prompt, max_new_tokens=max(1, new_tokens),
                                    temperature=request.temperature, top_p=request.top_p, seed=request.seed,
                                    on_round=on_round)
+
+
+# --- aligned drafts: prepare (transplant) and distil ----------------------------------------------------------
+
+def distillable(hub: ModelHub) -> list[tuple[str, str]]:
+    """(label, spec) of the aligned drafts not trained yet: what "Distil it" offers."""
+    return [(aligned.label(c), c.spec) for c in hub.aligned_drafts() if c.method == "transplant"]
+
+
+@user_errors
+def prepare_aligned(hub: ModelHub, target, source, domain, name, progress=gr.Progress()):
+    """Transplant `source` onto `target`'s tokenizer (no training) and register it; (status, distil dropdown)."""
+    _training_allowed(hub)
+    if domain not in available_suites():
+        raise ValueError(f"domain must be one of the prompt suites: {', '.join(available_suites())}")
+    name = aligned.check_name(name.strip()) if (name or "").strip() else aligned.name_for(f"{Path(source or '').name}-{domain}")
+    target_model = hub.target(target, progress=progress)
+    source_model = hub.model(source, "draft", progress=progress)
+    card = aligned.transplant(target_model, source_model, name=name, domain=domain, progress=stages(progress))
+    return (f"prepared **{aligned.label(card)}**: pick `{card.spec}` in a draft list, or distil it below",
+            gr.update(choices=distillable(hub), value=card.spec))
+
+
+@user_errors
+def start_distill(hub: ModelHub, spec, steps, progress=gr.Progress()) -> str:
+    """Start distilling the aligned draft `spec` in the background; the job list shows its progress."""
+    _training_allowed(hub)
+    card = aligned.find(spec or "")
+    if card is None:
+        raise ValueError("pick an aligned draft to distil (prepare one first)")
+    cap = hub.config.max_distill_steps
+    steps = int(steps or 0)
+    if not 1 <= steps <= cap:
+        raise ValueError(f"steps must be an integer in 1..{cap} on this host (SPECDEC_MAX_DISTILL_STEPS)")
+    target_model = hub.target(card.target, progress=progress)
+    jobs.start(card.name, steps, lambda on_step: aligned.distil(target_model, card.name, steps=steps,
+                                                               progress=on_step).spec)
+    return f"distilling {card.name} for {steps} steps in the background: progress below (it survives a reload)"
+
+
+def training_status(hub: ModelHub, known: list[str] | None, compare_columns: int) -> tuple:
+    """The job list, the aligned drafts now registered, and fresh draft lists when those changed (else skips)."""
+    lines = [job.line() for job in jobs.jobs()] or ["no distillation started since the app started"]
+    names = [card.spec for card in hub.aligned_drafts()]
+    if names == (known or []):
+        return ("\n".join(lines), names, *[gr.skip()] * (compare_columns + 2))
+    drafts = hub.choices("draft")
+    return ("\n".join(lines), names, gr.update(choices=drafts),
+            *[gr.update(choices=drafts + [("(none)", "")]) for _ in range(compare_columns)],
+            gr.update(choices=distillable(hub)))
+
+
+def _training_allowed(hub: ModelHub) -> None:
+    if not hub.config.allow_training:
+        raise ValueError("preparing and distilling aligned drafts is off on this host (SPECDEC_ALLOW_TRAINING=0)")

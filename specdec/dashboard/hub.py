@@ -7,6 +7,7 @@ reports loading progress.
 from __future__ import annotations
 
 from specdec import models
+from specdec.models import aligned
 from specdec.costs import CostModel, calibrate
 from specdec.drafters import HYBRID_SUFFIX
 
@@ -43,7 +44,36 @@ class ModelHub:
                       for name in self.catalogue_names("draft") if "draft" in entries[name].roles]
             pairs += [(f"{name} · {'prompt lookup (no model)' if name == 'lookup' else 'first layers of the target'}",
                        name) for name in MODEL_DRAFTERS]
+            pairs += [(f"aligned · {aligned.label(card)}", card.spec) for card in self.aligned_drafts()]
         return pairs
+
+    def aligned_drafts(self, target: str | None = None) -> list[aligned.Card]:
+        """Aligned drafts in the model cache (all, or those for `target`) whose source and target this host allows."""
+        return [card for card in aligned.list_aligned(target) if self._allowed(card)]
+
+    def aligned_default(self, target: str) -> aligned.Card | None:
+        """The aligned draft the compare tab shows for `target`: the newest distilled one, else the newest."""
+        cards = self.aligned_drafts(target)
+        return next((c for c in cards if "distill" in c.method), cards[0] if cards else None)
+
+    def compare_defaults(self, target: str | None = None) -> list[tuple[str, str]]:
+        """The compare tab's three (draft, vocabulary) columns for `target` (default: the host's).
+
+        With an aligned draft for it: the same-family draft, the aligned draft's source with naive ids, the
+        aligned draft; otherwise the same-family draft, then the first other-tokenizer draft naive and bridged."""
+        card = self.aligned_default(target or self.default("target"))
+        if card is not None:
+            return [(self.default("draft"), "as is"), (card.source, "naive ids"), (card.spec, "as is")]
+        other = self.default("unaligned-draft")
+        return [(self.default("draft"), "as is"), (other, "naive ids"), (other, "text bridge")]
+
+    def model(self, name: str, role: str = "draft", progress=None):
+        """A model (not a drafter) the host allows as `role`, through the shared pool."""
+        return self.pool.get(self.check(name, role), dtype=self.config.dtype, progress=stages(progress))
+
+    def sources(self) -> list[str]:
+        """Drafts an aligned draft can be made from: the catalogue's drafts of another tokenizer family."""
+        return self.catalogue_names("unaligned-draft")
 
     def default(self, role: str) -> str:
         """The host's preselected name (SPECDEC_TARGET/DRAFT/UNALIGNED), else the catalogue's choice."""
@@ -63,6 +93,10 @@ class ModelHub:
             return name
         if role == "draft" and name.endswith(HYBRID_SUFFIX):
             return self.check(name.removesuffix(HYBRID_SUFFIX), role) + HYBRID_SUFFIX
+        if role == "draft" and name.startswith(aligned.PREFIX):
+            if not self._allowed(aligned.find(name)):
+                raise ValueError(f"aligned draft {name!r} is made from or for a model this host does not offer")
+            return name
         if name.lower() in {e.name for e in models.catalogue()}:
             if not self._listed(name):
                 raise ValueError(f"model {name!r} is not offered on this host; allowed: "
@@ -78,7 +112,7 @@ class ModelHub:
         name = self.check(name, "target")
         if progress is not None:
             progress(0.0, desc=f"loading target {name} (a first load can take a minute)…")
-        return self.pool.get(name, dtype=self.config.dtype, progress=_stages(progress))
+        return self.pool.get(name, dtype=self.config.dtype, progress=stages(progress))
 
     def draft(self, name: str, target, bridge: str = "auto", progress=None):
         """A draft for `target` (see BRIDGES for how it meets the target's vocabulary)."""
@@ -88,7 +122,7 @@ class ModelHub:
         if progress is not None:
             progress(0.5, desc=f"loading draft {name}…")
         return self.pool.draft(name, target, dtype=self.config.dtype, bridge=BRIDGES[bridge],
-                               progress=_stages(progress))
+                               progress=stages(progress))
 
     def costs(self, target, draft, progress=None) -> CostModel:
         """The pair's calibrated costs (v(n), c): measured once per machine and cached on disk."""
@@ -109,8 +143,17 @@ class ModelHub:
     def _listed(self, name: str) -> bool:
         return not self.config.allowed_models or name in self.config.allowed_models
 
+    def _allowed(self, card: aligned.Card | None) -> bool:
+        """An aligned draft is allowed when its source and its target are (catalogue allow-list, custom models)."""
+        return card is not None and all(self._offered(name) for name in (card.source, card.target))
 
-def _stages(progress):
+    def _offered(self, name: str) -> bool:
+        """A catalogue name on the allow-list, or a folder / id where custom models are allowed."""
+        in_catalogue = name.lower() in {e.name for e in models.catalogue()}
+        return self._listed(name) if in_catalogue else self.config.allow_custom_models
+
+
+def stages(progress):
     """specdec.models' progress callback (stage, fraction) as a gr.Progress update, or None."""
     if progress is None:
         return None

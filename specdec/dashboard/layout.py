@@ -12,6 +12,8 @@ from .chips import CSS as CHIPS_CSS
 from .chips import legend_html
 from .config import K_RANGE, PROMPTS, AppConfig
 from .handlers import SWEEP_KS
+from specdec.suites import available_suites
+
 from .hub import BRIDGES, ModelHub
 from .panels import CSS as PANELS_CSS
 from .runs import RunControl
@@ -24,6 +26,11 @@ A small **draft** proposes *k* tokens, the **target** checks them all in one for
 prefix it agrees with, plus one token of its own. Greedy output is exactly the target's; the question is how
 many tokens each target forward yields, and whether that beats the target alone on this machine.
 """
+PREPARE_MD = """A draft of another family speaks other token ids. **Prepare** gives it the target's tokenizer: the
+embedding rows are copied by token string, and a token it lacks starts as the mean of its pieces (vocabulary
+transfer, Gee et al. 2022); no training, a few seconds. **Distil it** then trains it on the target's
+continuations of the domain's prompts (DistillSpec, Zhou et al. 2023) in the background, with checkpoints; the
+distilled draft joins the draft lists when done, with its held-out α̂."""
 THEORY_MD = r"""
 ### The formulas (Leviathan, Kalman & Matias 2023)
 - **α** — per-token acceptance rate: the chance the target keeps a draft token (estimated by
@@ -133,7 +140,7 @@ def build_demo(config: AppConfig, hub: ModelHub | None = None) -> gr.Blocks:
                                             step=1, label="max new tokens")
                 compare_inputs, compare_panels = [], []
                 with gr.Row():
-                    for column, (name, mode) in enumerate(_compare_defaults(hub)):
+                    for column, (name, mode) in enumerate(hub.compare_defaults()):
                         with gr.Column():
                             compare_inputs.append(model_box(hub.choices("draft") + [("(none)", "")], value=name,
                                                             label=f"draft {column + 1}"))
@@ -143,6 +150,29 @@ def build_demo(config: AppConfig, hub: ModelHub | None = None) -> gr.Blocks:
                 compare_status = gr.Markdown(elem_id="compare-status")
                 compare_chart = gr.Plot(label="α̂, mean accepted length, measured speedup", elem_id="compare-plot")
                 compare_table = gr.DataFrame(label="metrics per draft", elem_id="compare-table")
+                with gr.Accordion("Prepare an aligned draft: vocabulary transplant, then distillation", open=False,
+                                  elem_id="prepare-aligned"):
+                    gr.Markdown(PREPARE_MD if config.allow_training else
+                                "Preparing and distilling aligned drafts is off on this host (SPECDEC_ALLOW_TRAINING).")
+                    with gr.Row():
+                        prepare_source = gr.Dropdown(hub.sources(), value=(hub.sources() or [None])[0],
+                                                     label="draft of another family", allow_custom_value=custom)
+                        prepare_domain = gr.Dropdown(available_suites(), value="code", label="domain (prompt suite)")
+                        prepare_name = gr.Textbox(label="name", placeholder="default: draft-domain",
+                                                  elem_id="prepare-name")
+                        prepare_run = gr.Button("Prepare (transplant, no training)", elem_id="prepare-run",
+                                                interactive=config.allow_training)
+                    with gr.Row():
+                        distil_choice = gr.Dropdown(handlers.distillable(hub), label="aligned draft to distil",
+                                                    elem_id="distil-choice")
+                        distil_steps = gr.Number(min(50, config.max_distill_steps), precision=0, minimum=1,
+                                                 maximum=config.max_distill_steps, label="optimizer steps")
+                        distil_run = gr.Button("Distil it (in the background)", elem_id="distil-run",
+                                               interactive=config.allow_training)
+                    prepare_status = gr.Markdown(elem_id="prepare-status")
+                    jobs_status = gr.Markdown(elem_id="distil-jobs")
+                    aligned_known = gr.State(list)  # per session: the aligned drafts its dropdowns list
+                    jobs_timer = gr.Timer(2.0, active=config.allow_training)
 
             with gr.Tab("Theory vs measurement", id="theory"):
                 with gr.Row():
@@ -209,6 +239,19 @@ def build_demo(config: AppConfig, hub: ModelHub | None = None) -> gr.Blocks:
         demo.load(refresh, None, dropdowns, api_visibility="private", queue=False)
         for finished in (decoded, compared, swept):
             finished.then(refresh, None, dropdowns, api_visibility="private", queue=False)
+        compare_defaults = partial(handlers.compare_columns, hub)
+        demo.load(compare_defaults, compare_target, compare_inputs, api_visibility="private", queue=False)
+        compare_target.input(compare_defaults, compare_target, compare_inputs, api_visibility="private", queue=False)
+        prepared = prepare_run.click(partial(handlers.prepare_aligned, hub),
+                                     [compare_target, prepare_source, prepare_domain, prepare_name],
+                                     [prepare_status, distil_choice], api_visibility="private", concurrency_id="decode")
+        prepared.then(refresh, None, dropdowns, api_visibility="private", queue=False)
+        distil_run.click(partial(handlers.start_distill, hub), [distil_choice, distil_steps], prepare_status,
+                         api_visibility="private", concurrency_id="decode")
+        watch = partial(handlers.training_status, hub, compare_columns=len(compare_inputs) // 2)
+        watched = [jobs_status, aligned_known, draft, *compare_inputs[::2], distil_choice]
+        jobs_timer.tick(watch, aligned_known, watched, api_visibility="private", queue=False)
+        demo.load(watch, aligned_known, watched, api_visibility="private", queue=False)
     demo.queue(default_concurrency_limit=config.concurrency, max_size=config.queue_size)
     return demo
 
@@ -217,8 +260,3 @@ def launch_options(config: AppConfig) -> dict:
     """Keyword arguments of demo.launch() for `config` (CSS and theme are launch options in Gradio 6)."""
     return dict(server_name=config.host, server_port=config.port, css=CSS, theme=gr.themes.Soft())
 
-
-def _compare_defaults(hub: ModelHub) -> list[tuple[str, str]]:
-    """Three columns: the aligned default draft, then the first unaligned draft naive and bridged."""
-    other = hub.default("unaligned-draft")
-    return [(hub.default("draft"), "as is"), (other, "naive ids"), (other, "text bridge")]

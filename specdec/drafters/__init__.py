@@ -5,6 +5,7 @@
 | spec | drafter |
 |---|---|
 | a model (catalogue name, folder, .gguf, hub id) | the model itself (the engine drafts with `ModelDrafter`); another tokenizer goes through `TextBridgeDrafter` |
+| `aligned:NAME` | a draft of another family moved onto the target's tokenizer, registered in the cache (`specdec.models.aligned`) |
 | `lookup` | `PromptLookupDraft` (Saxena 2023) |
 | `self:L` | `SelfSpeculativeDraft`: the target's first L layers (Zhang et al. 2023) |
 | `MODEL+lookup` | `HybridDrafter`: prompt lookup when it finds a continuation, the model otherwise |

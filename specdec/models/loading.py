@@ -4,6 +4,7 @@ Specs, tried in this order:
 - a catalogue name (`python -m specdec models` lists them): converted cache, installed package
   (GGUF chunks, assembled and converted once), Hugging Face hub, ModelScope;
 - a local folder with a transformers checkpoint (safetensors only);
+- `aligned:NAME`, an aligned draft registered in the cache (`specdec.models.aligned`);
 - a `.gguf` file (converted once into the cache);
 - `modelscope:org/name`, or a Hugging Face id `org/name` / `hf:org/name` (local cache first;
   a download only when the service is reachable, else a fast ValueError saying what to do).
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from . import cache, convert, entries, hub
+from . import aligned, cache, convert, entries, hub
 from .cache import Progress
 from .speed import apply_speed_levers
 
@@ -35,7 +36,7 @@ class LoadedModel:
     name: str  # catalogue name, or the spec as given
     model: torch.nn.Module  # the causal LM, in eval mode
     tokenizer: object  # its transformers tokenizer
-    source: str  # where the weights were read from this time: cache/package/folder/gguf/hub/modelscope
+    source: str  # where the weights were read from this time: cache/package/folder/aligned/gguf/hub/modelscope
     path: Path  # the local folder (or .gguf file) the weights came from
     dtype: str  # "float32", "bfloat16", or "int8" (float32 weights quantized by quant.quantize_int8)
     device: str = "cpu"  # torch device the weights live on
@@ -133,6 +134,8 @@ def _resolve(spec: str, dtype: str, progress: Progress | None) -> tuple[str, Pat
     entry = entries.find(spec)
     if entry is not None:
         return (entry.name, *_resolve_entry(entry, dtype, progress))
+    if spec.startswith(aligned.PREFIX):
+        return spec, aligned.folder(spec.removeprefix(aligned.PREFIX)), "aligned"
     path = Path(spec).expanduser()
     if path.is_dir():
         return path.name, path, "folder"

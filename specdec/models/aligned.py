@@ -1,0 +1,211 @@
+"""Aligned drafts: drafts of another family moved onto a target's tokenizer, kept in the model cache.
+
+An aligned draft is a folder `<cache>/aligned/<name>/` holding the model (safetensors, config, the
+target's tokenizer) and `card.json` (a `Card`: what it was made from and how well it drafts). Anything
+that loads a model loads one by the spec `aligned:<name>` (`specdec.models.load_model`, so also
+`load_draft` and `specdec.drafters.from_spec`). `python -m specdec align` / `distill`, the aligned-draft
+recipe and the dashboard register what they make here.
+
+    card = Card(name="smollm-finance", target="qwen2.5-coder-1.5b-instruct", source="smollm2-135m-instruct",
+                method="transplant+distill", domain="finance", steps=200, held_out_acceptance=0.62)
+    register("runs/align-distill/finance/distill/draft", card)
+    load_draft("aligned:smollm-finance", target)
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+from . import cache, entries
+
+PREFIX = "aligned:"  # spec prefix naming a registered aligned draft
+CARD = "card.json"  # the card's file inside an aligned draft's folder
+METHODS = ("transplant", "transplant+distill", "distill")
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")  # a folder name on every file system
+
+
+@dataclass
+class Card:
+    """What an aligned draft is: made from which model, for which target, how, and how well it drafts."""
+
+    name: str  # registry name: load it as `aligned:<name>`
+    target: str  # the target whose tokenizer it speaks (catalogue name, or an absolute folder)
+    source: str  # the original draft model it was made from (catalogue name, or an absolute folder)
+    method: str  # "transplant" (embeddings only, no training), "transplant+distill", or "distill" (same tokenizer)
+    domain: str = ""  # prompt suite or domain it was distilled on ("" when not trained)
+    steps: int = 0  # distillation optimizer steps (0 when not trained)
+    held_out_acceptance: float | None = None  # α̂ on held-out prompts after distillation, None when not measured
+    created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))  # UTC
+
+    def __post_init__(self):
+        check_name(self.name)
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {', '.join(METHODS)}, got {self.method!r}")
+
+    @property
+    def spec(self) -> str:
+        """What a model box or `load_model` takes."""
+        return PREFIX + self.name
+
+
+def root() -> Path:
+    return cache.root() / "aligned"
+
+
+def folder(name: str) -> Path:
+    """The folder of the aligned draft `name` (a ValueError naming the registered ones when missing)."""
+    path = root() / check_name(name)
+    if not (path / CARD).is_file():
+        known = ", ".join(c.name for c in list_aligned()) or "none yet"
+        raise ValueError(f"no aligned draft called {name!r} in {root()} (registered: {known}); make one with "
+                         "`python -m specdec align` or the dashboard's compare tab")
+    return path
+
+
+def check_name(name: str) -> str:
+    if not isinstance(name, str) or not NAME.match(name):
+        raise ValueError(f"an aligned draft's name is 1-80 letters, digits, '.', '_' or '-', got {name!r}")
+    return name
+
+
+def name_for(text: str) -> str:
+    """A registry name made from free text (a folder name, "source-domain"): other characters become "-"."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-._")[:80] or "aligned"
+
+
+def model_id(spec: str) -> str:
+    """How a card names a model: a catalogue name as spelled there, a local folder as its absolute path."""
+    entry = entries.find(spec)
+    if entry is not None:
+        return entry.name
+    path = Path(spec).expanduser()
+    return str(path.resolve()) if path.exists() else spec
+
+
+def loaded_id(loaded) -> str:
+    """`model_id` of a LoadedModel: its catalogue name, else the folder its weights came from."""
+    return loaded.name if entries.find(loaded.name) or loaded.name.startswith(PREFIX) else model_id(str(loaded.path))
+
+
+def register(model_folder, card: Card) -> Path:
+    """Copy `model_folder` and write `card` as the aligned draft `card.name` (replacing one of that name).
+
+    The folder appears whole or not at all (`cache.atomic_path`); returns it."""
+    model_folder = Path(model_folder)
+    if not any(model_folder.glob("*.safetensors")):
+        raise ValueError(f"{model_folder} holds no *.safetensors weights to register")
+    final = root() / card.name
+    with cache.locked(final), cache.atomic_path(final) as partial:
+        shutil.copytree(model_folder, partial)
+        (partial / CARD).write_text(json.dumps(asdict(card), indent=1, ensure_ascii=False), encoding="utf-8")
+    return final
+
+
+def read_card(path: Path) -> Card | None:
+    """The card in folder `path`, or None when it is missing or unreadable (skipped by listings)."""
+    try:
+        data = json.loads((path / CARD).read_text(encoding="utf-8"))
+        return Card(**{f.name: data[f.name] for f in fields(Card) if f.name in data})
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def list_aligned(target: str | None = None) -> list[Card]:
+    """Registered aligned drafts (all, or those for `target`), newest first."""
+    if not root().is_dir():
+        return []
+    finished = [p for p in root().iterdir() if NAME.match(p.name) and ".partial-" not in p.name]  # not being written
+    cards = [c for p in finished if (c := read_card(p)) is not None]
+    if target is not None:
+        cards = [c for c in cards if c.target == model_id(target)]
+    return sorted(cards, key=lambda c: (c.created, c.name), reverse=True)
+
+
+def find(spec: str) -> Card | None:
+    """The card behind an `aligned:<name>` spec, or None for any other spec."""
+    if not spec.startswith(PREFIX):
+        return None
+    return read_card(folder(spec.removeprefix(PREFIX)))
+
+
+def label(card: Card) -> str:
+    """One dropdown line, e.g. "smollm2-135m-instruct → qwen2.5-coder-1.5b-instruct · finance · distilled 200 steps
+    · held-out α̂ 0.62"."""
+    parts = [f"{Path(card.source).name} → {Path(card.target).name}"]
+    if card.domain:
+        parts.append(card.domain)
+    parts.append(f"distilled {card.steps} steps" if card.steps else "transplanted, not trained")
+    if card.held_out_acceptance is not None:
+        parts.append(f"held-out α̂ {card.held_out_acceptance:.2f}")
+    return " · ".join(parts)
+
+
+def register_distilled(draft_folder, report, *, name: str, target: str, source: str, domain: str = "",
+                       transplanted: bool = True) -> Path:
+    """Register a distillation's draft folder with a card read off its DistillReport (steps, last held-out α̂)."""
+    evals = report.evals if hasattr(report, "evals") else report.get("evals", [])
+    steps = report.steps_done if hasattr(report, "steps_done") else report.get("steps_done", 0)
+    card = Card(name=name, target=model_id(target), source=model_id(source),
+                method="transplant+distill" if transplanted else "distill", domain=domain, steps=steps,
+                held_out_acceptance=evals[-1]["acceptance_rate"] if evals else None)
+    return register(draft_folder, card)
+
+
+def transplant(target, source, *, name: str, domain: str = "", progress=None) -> Card:
+    """Transplant `source` (a LoadedModel of another family) onto `target`'s tokenizer, no training, and
+    register it as `name`; `progress(stage, fraction)` hears the stages. `source` itself is left untouched."""
+    import tempfile
+
+    from ..align import save_aligned
+    from ..recipe import transplanted
+
+    check_name(name)
+    cache.remove(runs_root() / name)  # an earlier distillation of that name trained other weights
+    say = progress or (lambda stage, fraction: None)
+    say(f"copying {source.name} and rebuilding its embeddings for the target's tokenizer", 0.1)
+    aligned = transplanted(source, target, "string")
+    card = Card(name=name, target=loaded_id(target), source=loaded_id(source), method="transplant", domain=domain)
+    say("saving the aligned draft", 0.7)
+    root().mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root(), prefix=".scratch-") as scratch:
+        register(save_aligned(aligned.model, target.tokenizer, Path(scratch) / "model"), card)
+    say("registered", 1.0)
+    return card
+
+
+DISTILLED_SUFFIX = "-distilled"  # a distilled aligned draft is registered as <name>-distilled
+
+
+def runs_root() -> Path:
+    """Where distillations of registered drafts keep their data and resumable checkpoints."""
+    return cache.root() / "aligned-runs"
+
+
+def distil(target, name: str, *, steps: int, max_new_tokens: int = 32, train_limit: int | None = None,
+           eval_limit: int = 4, batch_size: int = 2, progress=None) -> Card:
+    """Distil the registered aligned draft `name` towards `target` on its domain's prompt suite, then register
+    the result as `<name>-distilled`. Checkpoints in `runs_root()/<name>` (a stopped run resumes there);
+    `progress(step, steps, record)` hears every optimizer step."""
+    from ..cli.distill import distill_to_folder
+    from ..distill import DistillConfig
+    from ..suites import available_suites, encode, load_suite
+    from .loading import load_model
+
+    card = read_card(folder(name))
+    if card.domain not in available_suites():
+        raise ValueError(f"{name!r} has no prompt suite to distil on (domain {card.domain!r}); prepare it with one of "
+                         f"{', '.join(available_suites())}")
+    train, held_out = ([encode(p, target.tokenizer) for p in load_suite(card.domain, split=split, limit=limit)]
+                       for split, limit in (("dev", train_limit), ("heldout", None)))
+    config = DistillConfig(steps=steps, batch_size=batch_size, eval_every=0, checkpoint_every=max(1, steps // 4))
+    draft = load_model(card.spec, dtype=target.dtype, device=target.device)
+    out = runs_root() / name
+    report = distill_to_folder(target, draft, train, held_out[:eval_limit], config, out,
+                               max_new_tokens=max_new_tokens, resume=True, on_step=progress)
+    register_distilled(out / "draft", report, name=name + DISTILLED_SUFFIX, target=card.target, source=card.source,
+                       domain=card.domain)
+    return read_card(folder(name + DISTILLED_SUFFIX))
