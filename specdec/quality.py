@@ -54,7 +54,10 @@ class PromptScores:
 
 @dataclass
 class QualityRow:
-    """One category (or the pool) of a quality report: token-weighted, never an average of ratios."""
+    """One category (or the pool) of a quality report: token-weighted, never an average of ratios.
+
+    Teacher-forced top-1 agreement and perplexity (ratio) are how weight quantization is usually judged
+    (LLM.int8(), Dettmers et al. 2022; GPTQ, Frantar et al. 2023)."""
 
     category: str  # prompt category, or POOLED
     prompts: int  # prompts in the row
