@@ -3,6 +3,7 @@
 Used by tests/test_browser.py and to make the screenshots in docs/:
     cd tests && python -m screenshots http://127.0.0.1:7860 ../docs/screenshots [live,compare,theory]
     cd tests && python -m screenshots http://127.0.0.1:7860 ../docs/screenshots teach  # step-through, position, waterfall
+    cd tests && python -m screenshots http://127.0.0.1:7860 ../docs aligned  # prepare, distil, compare: compare-aligned.png
 """
 from __future__ import annotations
 
@@ -125,6 +126,31 @@ def teaching_screenshots(url: str, out_dir: str | Path, timeout_ms: int = 600_00
     return [out_dir / name for name in ("step-through.png", "position.png", "waterfall.png")]
 
 
+def prepare_and_distil(page, timeout_ms: int, name: str = "tiny-aligned") -> None:
+    """Open the compare tab's prepare panel, transplant the default other-family draft, distil it, wait for it."""
+    open_tab(page, "Aligned vs unaligned")
+    page.get_by_text("Prepare an aligned draft").click()
+    page.locator("#prepare-name textarea, #prepare-name input").first.fill(name)
+    page.click("#prepare-run")
+    wait_for_text(page, "#prepare-status", "prepared", timeout_ms)
+    page.click("#distil-run")
+    wait_for_text(page, "#distil-jobs", "distilled (", timeout_ms)
+
+
+def aligned_screenshot(url: str, out_dir: str | Path, timeout_ms: int = 600_000) -> list[Path]:
+    """compare-aligned.png: an aligned draft prepared and distilled in the app, then the compare tab after a
+    reload (its default columns: same-family draft, the other family's draft with naive ids, the distilled one)."""
+    path = Path(out_dir) / "compare-aligned.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with page_at(url) as page:
+        prepare_and_distil(page, timeout_ms)
+        page.reload()
+        run_compare(page, timeout_ms)
+        page.get_by_text("Prepare an aligned draft").click()
+        page.screenshot(path=str(path), full_page=True)
+    return [path]
+
+
 def screenshots(url: str, out_dir: str | Path, tabs: tuple[str, ...] = ("live", "compare", "theory"),
                 timeout_ms: int = 600_000) -> list[Path]:
     """Run each of `tabs` once and save one full-page PNG per tab into `out_dir`; return the paths."""
@@ -145,6 +171,8 @@ if __name__ == "__main__":
     chosen = tuple(sys.argv[3].split(",")) if len(sys.argv) > 3 else ("live", "compare", "theory")
     if chosen == ("teach",):
         saved = teaching_screenshots(sys.argv[1], sys.argv[2])
+    elif chosen == ("aligned",):
+        saved = aligned_screenshot(sys.argv[1], sys.argv[2])
     else:
         saved = screenshots(sys.argv[1], sys.argv[2], chosen)
     for saved_path in saved:

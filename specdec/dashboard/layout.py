@@ -155,7 +155,7 @@ def build_demo(config: AppConfig, hub: ModelHub | None = None) -> gr.Blocks:
                     gr.Markdown(PREPARE_MD if config.allow_training else
                                 "Preparing and distilling aligned drafts is off on this host (SPECDEC_ALLOW_TRAINING).")
                     with gr.Row():
-                        prepare_source = gr.Dropdown(hub.sources(), value=(hub.sources() or [None])[0],
+                        prepare_source = gr.Dropdown(hub.sources(), value=hub.default("unaligned-draft") or None,
                                                      label="draft of another family", allow_custom_value=custom)
                         prepare_domain = gr.Dropdown(available_suites(), value="code", label="domain (prompt suite)")
                         prepare_name = gr.Textbox(label="name", placeholder="default: draft-domain",
