@@ -7,13 +7,18 @@ with respect to it, not to the float model. Three measures of how different, per
   the reference's argmax;
 - perplexity of each model on that text, and the ratio candidate / reference;
 - free-running: how many tokens the candidate's own greedy continuation shares with the reference's before
-  it first leaves it (secondary: one early flip ends it, however close the models are afterwards).
+  it first leaves it (secondary: one early flip ends it, however close the models are afterwards). Read off
+  the teacher-forced forward: until its first flip the candidate's greedy path *is* the reference text, so the
+  first position whose argmax differs from the text's token is where it leaves. Exact for a row-invariant
+  candidate (the integer path: a row of a multi-token forward is bitwise its one-token step); up to rounding
+  for a float candidate.
 
 Top-1 agreement and perplexity are the usual quality measures of weight quantization (LLM.int8(), Dettmers
 et al. 2022; GPTQ, Frantar et al. 2023).
 
-The text is the reference model's greedy continuations of the held-out prompts (`TEXT`), cached per
-(model, dtype, prompt, length) under the specdec cache, so a rerun does not generate them again. `BIAS` says
+The text is the reference model's greedy continuations of the held-out prompts (`TEXT`), generated
+`REFERENCE_BATCH` prompts per batched forward (it is text to score, not an output to match) and cached per
+(model, dtype, prompts, length) under the specdec cache, so a rerun does not generate them again. `BIAS` says
 what that choice favours.
 """
 from __future__ import annotations
@@ -25,7 +30,6 @@ from typing import Callable
 import torch
 
 from .distill import Example, cached_examples
-from .engine import autoregressive_generate
 from .inputs import unwrap
 from .models import LoadedModel, cache
 from .models.quant import is_quantized
@@ -37,6 +41,7 @@ BIAS = ("the reference chose every token of this text (its argmax at each step),
         "perplexity here is lower than on text neither model wrote, and the ratio candidate/reference is "
         "larger than it would be there; agreement counts positions on the reference's path only")
 CACHE_FOLDER = "quality"  # under the specdec cache: the reference continuations
+REFERENCE_BATCH = 8  # prompts the reference continues per batched forward
 
 
 @dataclass
@@ -106,11 +111,11 @@ def describe(model) -> str:
     return f"{type(model).__name__} {dtype}"
 
 
-def reference_continuation(reference, prompt_ids: list[int], max_new_tokens: int) -> Example:
-    """The reference's greedy continuation of one prompt (`autoregressive_generate`), cached per
-    (model name and dtype, weights fingerprint, prompt, length) under the specdec cache."""
-    return cached_examples(reference, [prompt_ids], cache.root() / CACHE_FOLDER, max_new_tokens=max_new_tokens,
-                           model_name=describe(reference))[0]
+def reference_continuations(reference, prompts_ids: list[list[int]], max_new_tokens: int) -> list[Example]:
+    """The reference's greedy continuations of the prompts, batched, cached per (model name and dtype,
+    weights fingerprint, prompts, length) under the specdec cache."""
+    return cached_examples(reference, prompts_ids, cache.root() / CACHE_FOLDER, max_new_tokens=max_new_tokens,
+                           model_name=describe(reference), batch_size=REFERENCE_BATCH)
 
 
 def continuation_logits(model, example: Example) -> torch.Tensor:
@@ -143,10 +148,10 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def free_running_prefix(candidate, example: Example) -> int:
-    """Tokens the candidate's own greedy continuation (as long as the reference's) shares with the reference's."""
-    own = autoregressive_generate(candidate, example.prompt_ids, max_new_tokens=len(example.completion_ids))
-    return common_prefix(own.token_ids, example.completion_ids)
+def free_running_prefix(candidate_logits: torch.Tensor, completion_ids: list[int]) -> int:
+    """Tokens the candidate's own greedy continuation shares with the text before leaving it: the first
+    position whose teacher-forced argmax (logits [n, V]) is not the text's token (module docstring)."""
+    return common_prefix(candidate_logits.argmax(-1).tolist(), completion_ids)
 
 
 def score_prompt(reference, candidate, prompt: Prompt, example: Example) -> PromptScores:
@@ -157,7 +162,7 @@ def score_prompt(reference, candidate, prompt: Prompt, example: Example) -> Prom
                         agreed_positions(reference_logits, candidate_logits),
                         negative_log_likelihood(reference_logits, example.completion_ids),
                         negative_log_likelihood(candidate_logits, example.completion_ids),
-                        free_running_prefix(candidate, example))
+                        free_running_prefix(candidate_logits, example.completion_ids))
 
 
 def pool(scores: list[PromptScores], category: str = POOLED) -> QualityRow:
@@ -187,8 +192,8 @@ def measure_quality(reference, candidate, prompts: list[Prompt], *, max_new_toke
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     _, tokenizer = unwrap(reference, tokenizer)
     scores = []
-    for index, prompt in enumerate(prompts):
-        example = reference_continuation(reference, encode(prompt, tokenizer), max_new_tokens)
+    examples = reference_continuations(reference, [encode(p, tokenizer) for p in prompts], max_new_tokens)
+    for index, (prompt, example) in enumerate(zip(prompts, examples)):
         scores.append(score_prompt(reference, candidate, prompt, example))
         if on_prompt is not None:
             on_prompt(index, scores[-1])
