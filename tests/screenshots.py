@@ -3,7 +3,7 @@
 Used by tests/test_browser.py and to make the screenshots in docs/:
     cd tests && python -m screenshots http://127.0.0.1:7860 ../docs/screenshots [live,compare,theory]
     cd tests && python -m screenshots http://127.0.0.1:7860 ../docs/screenshots teach  # step-through, position, waterfall
-    cd tests && python -m screenshots http://127.0.0.1:7860 ../docs aligned  # prepare, distil, compare: compare-aligned.png
+    cd tests && python -m screenshots http://127.0.0.1:7860 ../docs aligned  # prepare, distil, compare-aligned.png
 """
 from __future__ import annotations
 

@@ -50,7 +50,8 @@ def test_registry_round_trip_lists_per_target_and_labels(paths):
     read = aligned.find("aligned:tiny-code")
     assert read == card(paths, held_out_acceptance=0.617, created=read.created)
     assert aligned.label(read) == "tiny-unaligned → tiny-target · code · distilled 3 steps · held-out α̂ 0.62"
-    assert aligned.label(aligned.find("aligned:for-the-draft")) == "tiny-unaligned → tiny-draft · transplanted, not trained"
+    untrained = aligned.find("aligned:for-the-draft")
+    assert aligned.label(untrained) == "tiny-unaligned → tiny-draft · transplanted, not trained"
     with pytest.raises(ValueError, match="name is 1-80 letters"):
         card(paths, name="../escape")
     with pytest.raises(ValueError, match="no \\*.safetensors"):
@@ -97,7 +98,8 @@ def test_compare_defaults_pick_the_aligned_draft_when_there_is_one(paths):
     assert hub.compare_defaults() == [(paths["draft"], "as is"), (source, "naive ids"), ("aligned:tiny-code", "as is")]
     assert [u["value"] for u in handlers.compare_columns(hub, paths["target"])][4] == "aligned:tiny-code"
     assert hub.compare_defaults(paths["draft"]) == today  # no aligned draft for that target
-    assert ("aligned · " + aligned.label(aligned.find("aligned:tiny-code")), "aligned:tiny-code") in hub.choices("draft")
+    shown = "aligned · " + aligned.label(aligned.find("aligned:tiny-code"))
+    assert (shown, "aligned:tiny-code") in hub.choices("draft")
     locked = make_hub(paths, allow_custom_models=False)  # folders are not offered there, so neither is the draft
     assert locked.aligned_drafts() == [] and locked.compare_defaults()[2][0] != "aligned:tiny-code"
     with pytest.raises(ValueError, match="does not offer"):

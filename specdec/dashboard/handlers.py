@@ -280,7 +280,7 @@ def prepare_aligned(hub: ModelHub, target, source, domain, name, progress=gr.Pro
     _training_allowed(hub)
     if domain not in available_suites():
         raise ValueError(f"domain must be one of the prompt suites: {', '.join(available_suites())}")
-    name = aligned.check_name(name.strip()) if (name or "").strip() else aligned.name_for(f"{Path(source or '').name}-{domain}")
+    name = aligned.check_name((name or "").strip() or aligned.name_for(f"{Path(source or '').name}-{domain}"))
     target_model = hub.target(target, progress=progress)
     source_model = hub.model(source, "draft", progress=progress)
     card = aligned.transplant(target_model, source_model, name=name, domain=domain, progress=stages(progress))
