@@ -52,6 +52,11 @@ def test_registry_round_trip_lists_per_target_and_labels(paths):
     assert aligned.label(read) == "tiny-unaligned → tiny-target · code · distilled 3 steps · held-out α̂ 0.62"
     untrained = aligned.find("aligned:for-the-draft")
     assert aligned.label(untrained) == "tiny-unaligned → tiny-draft · transplanted, not trained"
+    report = {"steps_done": 7, "evals": [{"acceptance_rate": 0.1}, {"acceptance_rate": 0.5}]}  # a report.json
+    aligned.register_distilled(paths["unaligned"], report, name="from-report", target=paths["target"],
+                               source=paths["unaligned"], domain="finance")
+    from_report = aligned.label(aligned.find("aligned:from-report"))
+    assert from_report.endswith("finance · distilled 7 steps · held-out α̂ 0.50")
     with pytest.raises(ValueError, match="name is 1-80 letters"):
         card(paths, name="../escape")
     with pytest.raises(ValueError, match="no \\*.safetensors"):

@@ -129,8 +129,10 @@ def build_demo(config: AppConfig, hub: ModelHub | None = None) -> gr.Blocks:
             with gr.Tab("Aligned vs unaligned", id="compare"):
                 gr.Markdown(
                     "Same target, same prompt, up to three drafts. A draft with another tokenizer runs **naive** "
-                    "(its ids read as the target's ids, so acceptance collapses: the draft proposes tokens the target never meant) or through the **text "
-                    "bridge** (draft text re-tokenized for the target)."
+                    "(its ids read as the target's ids, so acceptance collapses: the draft proposes tokens the target "
+                    "never meant) or through the **text bridge** (draft text re-tokenized for the target); an "
+                    "**aligned** draft was moved onto the target's tokenizer (vocabulary transplant, then "
+                    "distillation; prepare one at the bottom of this tab)."
     )
                 with gr.Row():
                     compare_target = model_box(hub.choices("target"), value=hub.default("target"), label="target")

@@ -146,12 +146,13 @@ def label(card: Card) -> str:
 
 def register_distilled(draft_folder, report, *, name: str, target: str, source: str, domain: str = "",
                        transplanted: bool = True) -> Path:
-    """Register a distillation's draft folder with a card read off its DistillReport (steps, last held-out α̂)."""
-    evals = report.evals if hasattr(report, "evals") else report.get("evals", [])
-    steps = report.steps_done if hasattr(report, "steps_done") else report.get("steps_done", 0)
+    """Register a distillation's draft folder with a card read off its report (a DistillReport, or its report.json
+    as a dict): steps done and the last held-out α̂."""
+    report = report if isinstance(report, dict) else report.to_dict()
+    evals = report.get("evals") or [{"acceptance_rate": None}]
     card = Card(name=name, target=model_id(target), source=model_id(source),
-                method="transplant+distill" if transplanted else "distill", domain=domain, steps=steps,
-                held_out_acceptance=evals[-1]["acceptance_rate"] if evals else None)
+                method="transplant+distill" if transplanted else "distill", domain=domain,
+                steps=report.get("steps_done", 0), held_out_acceptance=evals[-1]["acceptance_rate"])
     return register(draft_folder, card)
 
 
