@@ -11,6 +11,9 @@ and a draft that proposed all k tokens catches up on the last one (plus the targ
 token) in one forward. Nothing is ever recomputed from the start: each model is fed
 O(prompt + new tokens + k * rounds) tokens over a generation (tested in tests/test_engine.py,
 test_each_model_is_fed_a_linear_number_of_tokens).
+
+Which cache class holds the keys/values is a flag on the model, `CACHE_CLASS_FLAG` (default transformers'
+`DynamicCache`; `specdec.levers.preallocate_cache` sets a preallocated one); every class obeys this same rule.
 """
 from __future__ import annotations
 
@@ -18,6 +21,9 @@ import time
 
 import torch
 from transformers import DynamicCache
+
+
+CACHE_CLASS_FLAG = "specdec_cache_class"  # model attribute: the DynamicCache (sub)class CachedLM keeps
 
 
 def common_prefix_length(a: list[int], b: list[int]) -> int:
@@ -50,7 +56,7 @@ class CachedLM:
         return self.forward(feed)[1] if feed else 0.0
 
     def _new_cache(self) -> DynamicCache:
-        cache = DynamicCache(config=self.model.config)
+        cache = getattr(self.model, CACHE_CLASS_FLAG, DynamicCache)(config=self.model.config)
         cache.activate_past_recording()  # sliding-window layers keep what a rollback needs
         return cache
 

@@ -4,14 +4,34 @@ Prints the verification cost curve v(n) (a target forward over n new tokens, in 
 the draft's cost c and the speedup they predict at a few acceptance rates (`specdec.costs`); with
 `--kernels`, the Linear kernels behind them for the target's shapes (float32 F.linear, float32
 rows-first W @ x.T, bfloat16 F.linear) by rows.
+
+Per-forward overhead (any dtype; meant for `--quant int8`, where the GEMMs are fast and the rest of a forward
+counts), instead of the cost curve:
+
+    python -m specdec profile --target MODEL --quant int8 --levers [--repeats 15]
+    python -m specdec profile --target MODEL --quant int8 --breakdown [--forwards 5]
+
+`--levers` times the one-token step and the verification forward over 5 new tokens with no lever and with each
+lever alone, interleaved in one process (none, lever, lever, ..., none, ...; medians of --repeats), and checks
+each lever's greedy target-alone tokens against no lever (`specdec.levers`):
+- static-cache: keys/values written in place into preallocated storage (transformers' DynamicCache copies the
+  whole cache with torch.cat every forward); rollbacks follow specdec.kv's one rule;
+- compile: torch.compile of the model's forward, dynamic shapes (its compilation is the warm-up column; a
+  failure to compile prints one line and the other levers carry on);
+- sdpa-math: scaled_dot_product_attention's math backend instead of the default kernel.
+The thread count stays the machine's. `--breakdown` profiles a few one-token steps and 5-token verifications
+with torch.profiler and prints the CPU time per forward by group (GEMM, linear overhead, attention,
+norms/rotary/elementwise, cache ops, other) and the top ops (`specdec.breakdown`).
 """
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 
 import torch
 
+from .. import breakdown, levers
 from ..costs import calibrate
 from ..inputs import unwrap
 from ..limits import K_AUTO_MAX
@@ -27,11 +47,30 @@ def register(subparsers) -> None:
     p.add_argument("--draft", help="draft whose cost c to measure (a model, lookup, self:L, MODEL+lookup)")
     p.add_argument("--recalibrate", action="store_true", help="measure again instead of reading the cache")
     p.add_argument("--kernels", action="store_true", help="also time the Linear kernels of the target's shapes")
+    p.add_argument("--levers", nargs="?", const=",".join(levers.LEVERS), metavar="LIST",
+                   help="instead: time the one-token step and v(5) with each overhead lever alone against none, "
+                        f"interleaved ({', '.join(levers.LEVERS)}; default all): static-cache = KV written in place "
+                        "into preallocated storage, compile = torch.compile of the forward (dynamic shapes), "
+                        "sdpa-math = SDPA's math backend; also checks the greedy output is unchanged")
+    p.add_argument("--repeats", type=int, default=15, help="--levers: timed repeats per lever (medians)")
+    p.add_argument("--compile-mode", default=levers.COMPILE_MODE,
+                   help="--levers: torch.compile mode (default, reduce-overhead, max-autotune-no-cudagraphs)")
+    p.add_argument("--breakdown", action="store_true",
+                   help="instead: torch.profiler over one-token steps and a 5-token verification, CPU time per "
+                        "forward by group (GEMM, attention, norms/elementwise, cache ops, other) and top ops")
+    p.add_argument("--forwards", type=int, default=5, help="--breakdown: profiled forwards of each kind")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     target = load_model(args.target, dtype=args.dtype, quant=args.quant)
+    if args.levers or args.breakdown:
+        print(f"{target.name} ({target.dtype}, {torch.get_num_threads()} threads)")
+        if args.levers:
+            print_levers(target.model, args.levers.split(","), args.repeats, args.compile_mode)
+        if args.breakdown:
+            print_breakdowns(target.model, args.forwards)
+        return 0
     draft = load_draft(args.draft, target) if args.draft else None
     costs = calibrate(target, draft, recalibrate=args.recalibrate)
     source = "measured now" if costs.measured_now else "cached; --recalibrate measures again"
@@ -49,6 +88,34 @@ def run(args) -> int:
     if args.kernels:
         print_kernels(target)
     return 0
+
+
+def print_levers(model, names: list[str], repeats: int, compile_mode: str) -> None:
+    """The lever table: medians, change against no lever, warm-up, output check; a line per lever that failed."""
+    unknown = sorted(set(names) - set(levers.LEVERS))
+    if unknown:
+        raise ValueError(f"unknown lever(s) {', '.join(unknown)}; choose from {', '.join(levers.LEVERS)}")
+    table = {**levers.LEVERS, "compile": functools.partial(levers.compiled_forward, mode=compile_mode)}
+    rows, failures = levers.compare_levers(model, names, repeats, table)
+    none = rows[0]
+    n = levers.VERIFY_TOKENS
+    print(f"lever        | step ms | v({n}) ms | Δ step  | Δ v({n})  | warm-up s | output ({repeats} repeats, interleaved)")
+    for row in rows:
+        print(f"{row.name:12s} | {row.step_s * 1000:7.2f} | {row.verify_s * 1000:7.2f} | "
+              f"{_change(row.step_s, none.step_s)} | {_change(row.verify_s, none.verify_s)} | "
+              f"{row.warmup_s:9.1f} | {row.identity}")
+    for line in failures:
+        print(line)
+
+
+def _change(value: float, reference: float) -> str:
+    return f"{(value / reference - 1) * 100:+6.1f}%"
+
+
+def print_breakdowns(model, forwards: int) -> None:
+    for title, new_tokens in (("one-token step", 1), (f"verification, {levers.VERIFY_TOKENS} new tokens",
+                                                      levers.VERIFY_TOKENS)):
+        breakdown.print_breakdown(title, breakdown.profile_forwards(model, new_tokens, forwards))
 
 
 def print_kernels(target) -> None:
