@@ -203,7 +203,8 @@ def distil(target, name: str, *, steps: int, max_new_tokens: int = 32, train_lim
     train, held_out = ([encode(p, target.tokenizer) for p in load_suite(card.domain, split=split, limit=limit)]
                        for split, limit in (("dev", train_limit), ("heldout", None)))
     config = DistillConfig(steps=steps, batch_size=batch_size, eval_every=0, checkpoint_every=max(1, steps // 4))
-    draft = load_model(card.spec, dtype=target.dtype, device=target.device)
+    dtype = "float32" if target.dtype == "int8" else target.dtype  # an int8 model is not trained
+    draft = load_model(card.spec, dtype=dtype, device=target.device)
     out = runs_root() / name
     report = distill_to_folder(target, draft, train, held_out[:eval_limit], config, out,
                                max_new_tokens=max_new_tokens, resume=True, on_step=progress)
