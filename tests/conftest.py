@@ -26,16 +26,19 @@ def hub():
     return ModelHub(AppConfig(max_new_tokens_cap=64), pool=ModelPool())
 
 
+MODEL_STORES = ("converted", "gguf", "locks")  # entries of the user's cache the tests may read from
+
+
 @pytest.fixture(scope="session", autouse=True)
 def users_cache(tmp_path_factory):
     """The user's cache root (yielded), kept out of the test run's writes: the session runs on a tmp
-    `$SPECDEC_CACHE` (subprocesses inherit it) whose `costs/` is its own, so calibrations land there, while
-    every other entry of the user's cache (converted models, GGUFs, locks) is linked in, so real-model
-    tests still find what is already converted."""
+    `$SPECDEC_CACHE` (subprocesses inherit it) where only the model stores of the user's cache (`MODEL_STORES`:
+    converted models, GGUFs, their locks) are linked in, so real-model tests still find what is already
+    converted, while what tests write (calibrations, aligned drafts, reference texts) lands in the tmp root."""
     real, private = cache.root(), tmp_path_factory.mktemp("specdec-cache")
-    for entry in real.iterdir() if real.is_dir() else []:
-        if entry.name != "costs":
-            (private / entry.name).symlink_to(entry)
+    for name in MODEL_STORES:
+        if (real / name).is_dir():
+            (private / name).symlink_to(real / name)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SPECDEC_CACHE", str(private))
         yield real
