@@ -37,6 +37,7 @@ IDENTITY_TOKENS = 16  # greedy tokens of the target-alone run that checks a leve
 MIN_CAPACITY = 256  # positions a PreallocatedLayer allocates at least (it doubles when full)
 WARMUP_ROUNDS = 3  # untimed (step, verification) pairs first: torch.compile settles after ~3 (0/1 sizes, strides)
 COMPILE_MODE = "default"  # torch.compile mode ("max-autotune-no-cudagraphs" also autotunes the GEMMs)
+RECOMPILE_LIMIT = 64  # graphs per code object (torch's default 8 runs out: transformers' decorators share one wrapper)
 
 
 class PreallocatedLayer(DynamicLayer):
@@ -47,6 +48,9 @@ class PreallocatedLayer(DynamicLayer):
     copies are amortised O(1) per token), and `keys`/`values` are their first `length` positions, so attention,
     masks and get_seq_length see exactly what a DynamicLayer holds. DynamicLayer.crop(-n) keeps working as is: it
     shortens the views, and the next update overwrites the dropped positions (as transformers' StaticLayer does).
+    Not transformers' StaticCache itself: its layers return all max_cache_len positions behind a mask, which
+    `specdec.models.quant.rowwise_attention` (keys = cached + new positions) cannot read, and which every
+    attention call would then span.
     """
 
     key_storage: torch.Tensor | None  # [B, H_kv, capacity, D]
@@ -106,13 +110,18 @@ def preallocated_cache(model: torch.nn.Module):
 @contextlib.contextmanager
 def compiled_forward(model: torch.nn.Module, mode: str = COMPILE_MODE):
     """Inside this block `model(...)` runs `torch.compile(model.forward, dynamic=True)` (compiled once per model:
-    the first forwards compile, later blocks reuse what was compiled)."""
+    the first forwards compile, later blocks reuse what was compiled).
+
+    Dynamo caches graphs per code object, and transformers' decorators wrap every forward in the same wrapper code,
+    so the default limit of 8 graphs per code object runs out and the rest falls back to eager; RECOMPILE_LIMIT
+    raises it inside the block."""
     compiled = getattr(model, "specdec_compiled_forward", None)
     if compiled is None:
         compiled = model.specdec_compiled_forward = torch.compile(model.forward, dynamic=True, mode=mode)
     model.forward = compiled
     try:
-        yield
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+            yield
     finally:
         del model.forward  # the class's forward again
 
