@@ -38,7 +38,7 @@ from .drafters import NaiveCrossVocabDrafter, TextBridgeDrafter, from_spec
 from .drafters.pruned import MOST_FREQUENT, VOCAB_SEPARATOR, build_vocabulary, save_vocabulary
 from .inputs import vocab_size
 from .measure import DraftTrials
-from .models import apply_speed_levers, cache, load_draft, load_model
+from .models import aligned, apply_speed_levers, cache, load_draft, load_model
 from .suites import ALL, encode, load_suite
 from .trace import measured_speedup, pooled_stats
 
@@ -90,7 +90,7 @@ def run_recipe(target, other, same_draft: str, settings: RecipeSettings, folder:
         ("report", folder / "report.json", lambda: stage_report(target, other, settings, folder)),
         ("transplant", folder / "transplant", lambda: stage_transplant(target, other, folder)),
         ("data", folder / "data.json", lambda: stage_data(target, settings, folder)),
-        ("distill", folder / "distill" / "report.json", lambda: stage_distill(target, settings, folder)),
+        ("distill", folder / "distill" / "report.json", lambda: stage_distill(target, other, settings, folder)),
         ("prune", folder / "prune" / "vocabulary.json", lambda: stage_prune(target, settings, folder)),
         ("measure", folder / "results.json", lambda: stage_measure(target, other, same_draft, settings, folder, say)),
     ]
@@ -148,16 +148,21 @@ def stage_data(target, settings: RecipeSettings, folder: Path) -> str:
     return f"{len(data)} target continuations{sampled}, {tokens} tokens{note}"
 
 
-def stage_distill(target, settings: RecipeSettings, folder: Path) -> str:
+def stage_distill(target, other, settings: RecipeSettings, folder: Path) -> str:
+    """Distil transplant/ into distill/draft and register it in the model cache as an aligned draft
+    (`specdec.models.aligned`: the dashboard lists it with its recipe)."""
     from .cli.distill import distill_to_folder
 
-    aligned = load_model(str(folder / "transplant"), dtype=target.dtype)
-    report = distill_to_folder(target, aligned, settings.train, settings.held_out, settings.distill,
+    draft = load_model(str(folder / "transplant"), dtype=target.dtype)
+    report = distill_to_folder(target, draft, settings.train, settings.held_out, settings.distill,
                                folder / "distill", max_new_tokens=settings.max_new_tokens, resume=True,
                                data=_data(target, settings, folder))
+    registered = aligned.register_distilled(folder / "distill" / "draft", report, domain=folder.name,
+                                            name=aligned.name_for(f"{other.name}-{folder.name}"),
+                                            target=aligned.loaded_id(target), source=aligned.loaded_id(other))
     first, last = report.evals[0], report.evals[-1]
     return (f"{settings.distill.steps} steps, held-out α̂ {first['acceptance_rate']:.3f} -> "
-            f"{last['acceptance_rate']:.3f}")
+            f"{last['acceptance_rate']:.3f}; registered as aligned:{registered.name}")
 
 
 def stage_prune(target, settings: RecipeSettings, folder: Path) -> str:
