@@ -9,7 +9,8 @@ that overhead and can be switched on and off around any forward, so they are tim
   Chosen by a flag on the model that `specdec.kv.CachedLM` reads, so the one rollback rule of specdec.kv applies
   unchanged (a crop shortens the valid length; the next forward overwrites the dropped positions).
 - `compile`: `torch.compile` of the model's forward with dynamic shapes, so the number of new tokens and the cache
-  length vary without a recompilation per step (pytorch.org/docs/stable/generated/torch.compile.html).
+  length vary without a recompilation per step (pytorch.org/docs/stable/generated/torch.compile.html); an int8
+  model's fbgemm GEMMs enter the graph as one custom op each instead of splitting it.
 - `sdpa-math`: scaled_dot_product_attention's math backend instead of the kernel torch picks
   (`torch.nn.attention.sdpa_kernel`).
 
@@ -30,6 +31,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 from .costs import _context, _time_forward
 from .engine import autoregressive_generate
 from .kv import CACHE_CLASS_FLAG, CachedLM, common_prefix_length
+from .models import quant
 
 VERIFY_TOKENS = 5  # new tokens of the timed verification forward, v(5)
 CONTEXT_TOKENS = 64  # tokens in the cache before each timed forward
@@ -107,6 +109,54 @@ def preallocated_cache(model: torch.nn.Module):
         _restore(model, CACHE_CLASS_FLAG, before)
 
 
+_PACKED: list = []  # fbgemm's packed int8 weights, by the index their TraceablePacked key holds
+_FBGEMM_MM = quant._fbgemm_mm  # the eager kernel call
+
+
+@dataclass(frozen=True)
+class TraceablePacked:
+    """Stands in for an Int8Linear's fbgemm weight while compiled: dynamo cannot trace fbgemm's packed weight (a
+    TorchScript object) into a graph, so every int8 Linear would split the graph; a tensor key can be traced."""
+
+    key: torch.Tensor  # [out_features] int64, every entry the weight's index in _PACKED
+
+
+@torch.library.custom_op("specdec::fbgemm_mm", mutates_args=())
+def _fbgemm_op(x_q: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """quant._fbgemm_mm(x_q [M, K], the packed weight `key` names) -> exact sums [M, N], as one op of the graph."""
+    return _FBGEMM_MM(x_q, _PACKED[int(key[0])])
+
+
+@_fbgemm_op.register_fake
+def _(x_q: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    return x_q.new_empty((x_q.shape[0], key.shape[0]))  # [M, N]
+
+
+def _traceable_fbgemm_mm(x_q: torch.Tensor, packed) -> torch.Tensor:
+    """quant._fbgemm_mm while the compile lever is on: a TraceablePacked goes through the custom op."""
+    if isinstance(packed, TraceablePacked):
+        return _fbgemm_op(x_q, packed.key)
+    return _FBGEMM_MM(x_q, packed)
+
+
+@contextlib.contextmanager
+def _traceable_int8(model: torch.nn.Module):
+    """Inside the block `model`'s fbgemm int8 Linears hold TraceablePacked keys (made once per layer)."""
+    layers = [m for m in model.modules() if isinstance(m, quant.Int8Linear) and m.packed is not None]
+    for layer in layers:
+        if not hasattr(layer, "specdec_traceable"):
+            _PACKED.append(layer.packed)
+            layer.specdec_traceable = TraceablePacked(torch.full((layer.out_features,), len(_PACKED) - 1))
+        layer.packed = layer.specdec_traceable
+    quant._fbgemm_mm = _traceable_fbgemm_mm
+    try:
+        yield
+    finally:
+        quant._fbgemm_mm = _FBGEMM_MM
+        for layer in layers:
+            layer.packed = _PACKED[int(layer.specdec_traceable.key[0])]
+
+
 @contextlib.contextmanager
 def compiled_forward(model: torch.nn.Module, mode: str = COMPILE_MODE):
     """Inside this block `model(...)` runs `torch.compile(model.forward, dynamic=True)` (compiled once per model:
@@ -114,13 +164,14 @@ def compiled_forward(model: torch.nn.Module, mode: str = COMPILE_MODE):
 
     Dynamo caches graphs per code object, and transformers' decorators wrap every forward in the same wrapper code,
     so the default limit of 8 graphs per code object runs out and the rest falls back to eager; RECOMPILE_LIMIT
-    raises it inside the block."""
+    raises it inside the block. An int8 model's fbgemm GEMMs enter the graph as one custom op each (_traceable_int8).
+    """
     compiled = getattr(model, "specdec_compiled_forward", None)
     if compiled is None:
         compiled = model.specdec_compiled_forward = torch.compile(model.forward, dynamic=True, mode=mode)
     model.forward = compiled
     try:
-        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT), _traceable_int8(model):
             yield
     finally:
         del model.forward  # the class's forward again

@@ -10,6 +10,7 @@ from specdec.cli import main
 from specdec.kv import CachedLM
 from specdec.levers import PreallocatedCache, PreallocatedLayer, compare_levers, preallocated_cache
 from specdec.models import apply_speed_levers
+from specdec.models import quant
 from specdec.models.quant import quantize_int8
 from specdec.testing import perturbed_copy, tiny_model
 
@@ -73,6 +74,21 @@ def test_a_lever_that_cannot_run_is_one_line_and_the_others_carry_on(monkeypatch
     assert failures == ["compile: not measured (RuntimeError: no C++ compiler found)"]
     assert [row.name for row in rows] == ["none", "static-cache"]
     assert "forward" not in vars(target)  # the class's forward is back
+
+
+def test_compile_lever_routes_int8_gemms_through_a_traceable_op_with_the_same_bits(monkeypatch):
+    monkeypatch.setattr(torch, "compile", lambda forward, **options: forward)  # eager: the routing alone
+    target = model("llama", int8=True)
+    layers = [m for m in target.modules() if getattr(m, "packed", None) is not None]
+    packed = [layer.packed for layer in layers]
+    expected = CachedLM(target).forward(CONTEXT, logits_to_keep=3)[0]
+    calls, op = [], levers._fbgemm_op
+    monkeypatch.setattr(levers, "_fbgemm_op", lambda x_q, key: calls.append(key) or op(x_q, key))
+    with levers.compiled_forward(target):
+        assert all(isinstance(layer.packed, levers.TraceablePacked) for layer in layers)
+        assert torch.equal(CachedLM(target).forward(CONTEXT, logits_to_keep=3)[0], expected)
+    assert len(calls) == len(layers)  # every int8 GEMM went through the custom op
+    assert [layer.packed for layer in layers] == packed and quant._fbgemm_mm is levers._FBGEMM_MM  # all restored
 
 
 def test_identity_names_the_first_differing_token():

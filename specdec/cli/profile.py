@@ -16,8 +16,9 @@ lever alone, interleaved in one process (none, lever, lever, ..., none, ...; med
 each lever's greedy target-alone tokens against no lever (`specdec.levers`):
 - static-cache: keys/values written in place into preallocated storage (transformers' DynamicCache copies the
   whole cache with torch.cat every forward); rollbacks follow specdec.kv's one rule;
-- compile: torch.compile of the model's forward, dynamic shapes (its compilation is the warm-up column; a
-  failure to compile prints one line and the other levers carry on);
+- compile: torch.compile of the model's forward, dynamic shapes; int8 GEMMs enter the graph as one custom op
+  each (its compilation is the warm-up column, minutes on 2 cores; a failure to compile prints one line and the
+  other levers carry on);
 - sdpa-math: scaled_dot_product_attention's math backend instead of the default kernel.
 The thread count stays the machine's. `--breakdown` profiles a few one-token steps and 5-token verifications
 with torch.profiler and prints the CPU time per forward by group (GEMM, linear overhead, attention,
@@ -42,7 +43,8 @@ KERNEL_ROWS = (1, 2, 5, 8)  # rows of the kernel table (tokens in one forward)
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("profile", help="measure v(n), the draft's c and the speedup they predict")
+    p = subparsers.add_parser("profile", help="measure v(n), the draft's c and the speedup they predict; "
+                                                       "--levers / --breakdown: per-forward overhead")
     add_model_arguments(p)
     p.add_argument("--draft", help="draft whose cost c to measure (a model, lookup, self:L, MODEL+lookup)")
     p.add_argument("--recalibrate", action="store_true", help="measure again instead of reading the cache")
