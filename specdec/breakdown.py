@@ -28,9 +28,8 @@ from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 from transformers.pytorch_utils import Conv1D
 
-from .costs import _context, _time_forward
+from .costs import CONTEXT_TOKENS, _context, _time_forward
 from .kv import CachedLM
-from .levers import CONTEXT_TOKENS
 from .models.quant import Int8Linear, Int8Slice
 
 GROUPS = ("GEMM", "linear overhead", "attention", "norms/rotary/elementwise", "cache ops", "other")
@@ -139,8 +138,8 @@ def print_breakdown(title: str, breakdown: Breakdown) -> None:
     """Groups (ms per forward, share), then the top ops by self time."""
     per_forward = 1000 / breakdown.forwards
     total = breakdown.total_s
-    print(f"{title}: {total * per_forward:.2f} ms of profiled CPU time per forward, {breakdown.wall_s * per_forward:.2f} "
-          f"ms wall under the profiler ({breakdown.forwards} forwards)")
+    print(f"{title}: {total * per_forward:.2f} ms of profiled CPU time per forward, "
+          f"{breakdown.wall_s * per_forward:.2f} ms wall under the profiler ({breakdown.forwards} forwards)")
     print(f"  {'group':26s} | ms/forward | share")
     for group, seconds in breakdown.groups.items():
         print(f"  {group:26s} | {seconds * per_forward:10.2f} | {seconds / total:6.1%}")

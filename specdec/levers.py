@@ -28,14 +28,14 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from .costs import _context, _time_forward
+from .costs import CONTEXT_TOKENS, _context, _time_forward
 from .engine import autoregressive_generate
 from .kv import CACHE_CLASS_FLAG, CachedLM, common_prefix_length
 from .models import quant
 
 VERIFY_TOKENS = 5  # new tokens of the timed verification forward, v(5)
-CONTEXT_TOKENS = 64  # tokens in the cache before each timed forward
-IDENTITY_TOKENS = 16  # greedy tokens of the target-alone run that checks a lever changes no output
+PROMPT_TOKENS = 16  # prompt of the target-alone run that checks a lever changes no output
+IDENTITY_TOKENS = 16  # greedy tokens of that run
 MIN_CAPACITY = 256  # positions a PreallocatedLayer allocates at least (it doubles when full)
 WARMUP_ROUNDS = 3  # untimed (step, verification) pairs first: torch.compile settles after ~3 (0/1 sizes, strides)
 COMPILE_MODE = "default"  # torch.compile mode ("max-autotune-no-cudagraphs" also autotunes the GEMMs)
@@ -256,7 +256,7 @@ def _prepare(model, name: str, lever: Callable, base: list[int], reference: list
 
 def _greedy(model: torch.nn.Module) -> list[int]:
     """IDENTITY_TOKENS greedy tokens of the model alone after a fixed prompt."""
-    prompt = _context(model, 16)
+    prompt = _context(model, PROMPT_TOKENS)
     return autoregressive_generate(model, prompt, max_new_tokens=IDENTITY_TOKENS, eos_token_id=[]).token_ids
 
 

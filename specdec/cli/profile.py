@@ -101,7 +101,8 @@ def print_levers(model, names: list[str], repeats: int, compile_mode: str) -> No
     rows, failures = levers.compare_levers(model, names, repeats, table)
     none = rows[0]
     n = levers.VERIFY_TOKENS
-    print(f"lever        | step ms | v({n}) ms | Δ step  | Δ v({n})  | warm-up s | output ({repeats} repeats, interleaved)")
+    print(f"lever        | step ms | v({n}) ms | Δ step  | Δ v({n})  | warm-up s | output "
+          f"({repeats} repeats, interleaved)")
     for row in rows:
         print(f"{row.name:12s} | {row.step_s * 1000:7.2f} | {row.verify_s * 1000:7.2f} | "
               f"{_change(row.step_s, none.step_s)} | {_change(row.verify_s, none.verify_s)} | "
