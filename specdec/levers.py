@@ -69,13 +69,17 @@ class PreallocatedLayer(DynamicLayer):
         start = self.get_seq_length()
         end = start + key_states.shape[-2]
         if self.key_storage is None or end > self.key_storage.shape[-2]:
-            capacity = max(end, MIN_CAPACITY, 2 * (0 if self.key_storage is None else self.key_storage.shape[-2]))
-            self.key_storage, self.value_storage = _grown(self.keys, capacity, key_states), \
-                _grown(self.values, capacity, value_states)
+            self._grow(end, key_states, value_states)
         self.key_storage[..., start:end, :] = key_states
         self.value_storage[..., start:end, :] = value_states
         self.keys, self.values = self.key_storage[..., :end, :], self.value_storage[..., :end, :]
         return self.keys, self.values
+
+    def _grow(self, needed: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """New storage of at least `needed` positions (twice the old, MIN_CAPACITY at first) holding the cache."""
+        capacity = max(needed, MIN_CAPACITY, 2 * (0 if self.key_storage is None else self.key_storage.shape[-2]))
+        self.key_storage = _grown(self.keys, capacity, key_states)
+        self.value_storage = _grown(self.values, capacity, value_states)
 
 
 def _grown(held: torch.Tensor, capacity: int, new: torch.Tensor) -> torch.Tensor:
