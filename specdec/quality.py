@@ -16,9 +16,9 @@ with respect to it, not to the float model. Three measures of how different, per
 Top-1 agreement and perplexity are the usual quality measures of weight quantization (LLM.int8(), Dettmers
 et al. 2022; GPTQ, Frantar et al. 2023).
 
-The text is the reference model's greedy continuations of the held-out prompts (`TEXT`), generated
-`REFERENCE_BATCH` prompts per batched forward (it is text to score, not an output to match) and cached per
-(model, dtype, prompts, length) under the specdec cache, so a rerun does not generate them again. `BIAS` says
+The text is the reference model's greedy continuations of the held-out prompts (`TEXT`), cached per
+(model, dtype, prompts, length) under the specdec cache, one line per finished prompt, so a rerun (or a run
+after a kill) does not generate them again. `BIAS` says
 what that choice favours.
 """
 from __future__ import annotations
@@ -41,7 +41,6 @@ BIAS = ("the reference chose every token of this text (its argmax at each step),
         "perplexity here is lower than on text neither model wrote, and the ratio candidate/reference is "
         "larger than it would be there; agreement counts positions on the reference's path only")
 CACHE_FOLDER = "quality"  # under the specdec cache: the reference continuations
-REFERENCE_BATCH = 8  # prompts the reference continues per batched forward
 
 
 @dataclass
@@ -112,10 +111,11 @@ def describe(model) -> str:
 
 
 def reference_continuations(reference, prompts_ids: list[list[int]], max_new_tokens: int) -> list[Example]:
-    """The reference's greedy continuations of the prompts, batched, cached per (model name and dtype,
-    weights fingerprint, prompts, length) under the specdec cache."""
+    """The reference's greedy continuations of the prompts (one at a time: on a CPU a batched forward of
+    padded rows was not cheaper per row), cached per (model name and dtype, weights fingerprint, prompts,
+    length) under the specdec cache."""
     return cached_examples(reference, prompts_ids, cache.root() / CACHE_FOLDER, max_new_tokens=max_new_tokens,
-                           model_name=describe(reference), batch_size=REFERENCE_BATCH)
+                           model_name=describe(reference))
 
 
 def continuation_logits(model, example: Example) -> torch.Tensor:

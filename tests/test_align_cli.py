@@ -94,7 +94,7 @@ def test_experiment_runs_every_stage_and_writes_the_table(folders, capsys):
     assert json.loads((domain / "report.json").read_text())["identical"] is False
     data = json.loads((domain / "data.json").read_text())
     assert data["prompts"] == 4 and data["generation_batch"] == 3 and data["identical_to_one_at_a_time"] == "2/2"
-    assert data["sequences"] == 4 * (1 + data["samples"]) and data["samples"] == 3  # greedy + sampled per prompt
+    assert data["sequences"] == 4 * (1 + data["samples"]) and data["samples"] == 1  # greedy + sampled per prompt
     card = aligned.find("aligned:" + aligned.name_for("other-prompts"))  # the distilled draft, in the registry
     assert card.method == "transplant+distill" and card.steps == 3 and card.domain == "prompts"
     assert card.held_out_acceptance == report["evals"][-1]["acceptance_rate"]

@@ -35,9 +35,9 @@ def register(subparsers) -> None:
     e.add_argument("--measure-max-new-tokens", type=int, default=48, help="tokens generated per held-out prompt")
     e.add_argument("--most-frequent", type=int, default=2048,
                    help="general-text tokens kept in the pruned vocabulary besides the domain's own")
-    e.add_argument("--generation-batch", type=int, default=8,
+    e.add_argument("--generation-batch", type=int, default=1,
                    help="training prompts the target continues per batched forward (left padding; 1 = one at a time)")
-    e.add_argument("--samples", type=int, default=3,
+    e.add_argument("--samples", type=int, default=1,
                    help="sampled target continuations per training prompt besides the greedy one (more contexts)")
     e.add_argument("--sample-temperature", type=float, default=0.8, help="temperature of those samples")
     add_distill_arguments(e)
