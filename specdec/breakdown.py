@@ -16,6 +16,10 @@ Which module an op ran in is known from `record_function` ranges opened by forwa
 update and the whole forward); an op belongs to its nearest labelled ancestor. Python time inside a module is the
 self time of its range, listed as "(Python in <range>)".
 The profiler slows Python down, so the shares matter more than the absolute milliseconds.
+
+The memory floor: a one-token step reads every weight once (`weight_bytes_per_step`); at this machine's read
+bandwidth (`read_bandwidth`, a sum over a buffer as large as those weights, far beyond any cache) that alone
+takes bytes / bandwidth, however fast the kernels, so no one-token step of this model in this format is faster.
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ from transformers.pytorch_utils import Conv1D
 
 from .costs import CONTEXT_TOKENS, _context, _time_forward
 from .kv import CachedLM
+from .measure import time_median, warm_up
 from .models.quant import Int8Linear, Int8Slice
 
 GROUPS = ("GEMM", "linear overhead", "attention", "norms/rotary/elementwise", "cache ops", "other")
@@ -132,6 +137,25 @@ def _labelled(model: torch.nn.Module, lm: CachedLM):
 def _enter(ranges: list, label: str) -> None:
     ranges.append(record_function(LABEL + label))
     ranges[-1].__enter__()
+
+
+def weight_bytes_per_step(model: torch.nn.Module) -> int:
+    """Bytes of weights one one-token forward reads: every linear layer (int8: a byte per weight plus a float32
+    scale per output row; else the weight's own dtype); embeddings excluded (a token reads one row)."""
+    total = 0
+    for module in model.modules():
+        if isinstance(module, Int8Linear):
+            total += module.weight.numel() + 4 * module.out_features
+        elif isinstance(module, (torch.nn.Linear, Conv1D)):
+            total += module.weight.numel() * module.weight.element_size()
+    return total
+
+
+def read_bandwidth(n_bytes: int, repeats: int = 5) -> float:
+    """Bytes per second this machine reads from memory: the median time to sum a float32 buffer of `n_bytes`."""
+    buffer = torch.ones(max(n_bytes // 4, 1))  # [n_bytes / 4]
+    warm_up(buffer.sum)
+    return buffer.numel() * 4 / time_median(buffer.sum, repeats).seconds
 
 
 def print_breakdown(title: str, breakdown: Breakdown) -> None:

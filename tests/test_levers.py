@@ -122,6 +122,18 @@ def test_profile_prints_the_lever_table_and_the_breakdown(paths, capsys):
     assert code == 0 and "| step ms | v(5) ms |" in out
     assert out.count("identical") == 3 and "static-cache" in out and "sdpa-math" in out
     assert "one-token step:" in out and "verification, 5 new tokens:" in out and "cache ops" in out
+    assert "memory floor: a one-token step reads" in out and "tokens/s for this target in this format" in out
+
+
+@pytest.mark.parametrize("quant", [None, "int8"])
+def test_weight_bytes_count_each_linear_once_in_its_stored_format(quant):
+    model = tiny_model("qwen2", seed=0)
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    expected = sum(m.weight.numel() * 4 for m in linears)  # float32: 4 bytes a weight
+    if quant:
+        expected = sum(m.weight.numel() + 4 * m.out_features for m in linears)  # int8 + a float32 scale a row
+        quantize_int8(model)
+    assert breakdown.weight_bytes_per_step(model) == expected
 
 
 def test_profile_refuses_an_unknown_lever(paths, capsys):

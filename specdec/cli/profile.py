@@ -27,8 +27,6 @@ norms/rotary/elementwise, cache ops, other) and the top ops (`specdec.breakdown`
 from __future__ import annotations
 
 import functools
-import statistics
-import time
 
 import torch
 
@@ -36,6 +34,7 @@ from .. import breakdown, levers
 from ..costs import calibrate
 from ..inputs import unwrap
 from ..limits import K_AUTO_MAX
+from ..measure import time_median, warm_up
 from ..models import add_model_arguments, load_draft, load_model
 
 ALPHAS = (0.6, 0.8, 0.9)  # acceptance rates the predicted speedup is printed for
@@ -119,6 +118,12 @@ def print_breakdowns(model, forwards: int) -> None:
     for title, new_tokens in (("one-token step", 1), (f"verification, {levers.VERIFY_TOKENS} new tokens",
                                                       levers.VERIFY_TOKENS)):
         breakdown.print_breakdown(title, breakdown.profile_forwards(model, new_tokens, forwards))
+    weights = breakdown.weight_bytes_per_step(model)
+    bandwidth = breakdown.read_bandwidth(weights)
+    floor_s = weights / bandwidth
+    print(f"memory floor: a one-token step reads {weights / 1e6:.0f} MB of weights; this machine reads "
+          f"{bandwidth / 1e9:.1f} GB/s (sum over a buffer that size), so the weights alone take "
+          f"{floor_s * 1000:.1f} ms: at most {1 / floor_s:.1f} tokens/s for this target in this format")
 
 
 def print_kernels(target) -> None:
@@ -138,10 +143,5 @@ def print_kernels(target) -> None:
 
 
 def _median_ms(run, repeats: int = 7) -> float:
-    run()
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds) * 1000
+    warm_up(run)
+    return time_median(run, repeats).seconds * 1000
