@@ -1,11 +1,11 @@
 """Distil a draft towards its target so that the target accepts more of its tokens.
 
-Loss (seed 000's `compute_speculative_distill_loss`, after Hinton et al. 2015):
+Loss (knowledge distillation, Hinton et al. 2015, as a speculative-decoding draft loss):
     L = (1 - a) * CE(y, draft) + a * T^2 * D(P_target || P_draft),   defaults T = 2, a = 0.7,
-where D is the forward KL of the seed, or the reverse KL or total variation (DistillSpec, Zhou et al. 2023:
+where D is the forward KL, or the reverse KL or total variation (DistillSpec, Zhou et al. 2023:
 acceptance is 1 - TV, Leviathan et al. 2023). The T^2 factor compensates the 1/T^2 gradient scale of
 temperature-softened KL targets; TV gets no such factor. Every term is a mean over real (unmasked) tokens;
-the seed's `F.kl_div(..., reduction="batchmean")` divides a sum over all positions, padding included, by
+a plain `F.kl_div(..., reduction="batchmean")` divides a sum over all positions, padding included, by
 the batch size instead.
 
 Data (DistillSpec: train on what the target will really be asked): the target's own continuations of
@@ -120,7 +120,8 @@ def distill_loss(draft_logits: torch.Tensor, labels: SoftLabels, hard_labels: to
 def speculative_distill_loss(target_logits: torch.Tensor, draft_logits: torch.Tensor, labels: torch.Tensor,
                              mask: torch.Tensor | None = None, temperature: float = 2.0, alpha: float = 0.7,
                              kind: str = "forward_kl") -> torch.Tensor:
-    """Seed 000's function with a per-token mask: logits [B, L, V], labels [B, L] (-100 = padding)."""
+    """The distillation loss straight from both models' logits, with a per-token mask: logits [B, L, V], labels
+    [B, L] (-100 = padding)."""
     if mask is None:
         mask = labels != -100
     parts = distill_loss(draft_logits, soft_labels(target_logits, temperature), labels, mask,
@@ -324,7 +325,7 @@ class DistillConfig:
     grad_accum: int = 1  # micro-batches per optimizer step
     temperature: float = 2.0  # T of the soft labels and the T^2 factor
     alpha: float = 0.7  # weight of the divergence term; 1 - alpha on cross-entropy
-    divergence: str = "forward_kl"  # "forward_kl" (seed 000), "reverse_kl" or "tv"
+    divergence: str = "forward_kl"  # "forward_kl" (classic distillation), "reverse_kl" or "tv"
     top_k: int | None = 64  # soft labels kept per position (None = full distribution every step)
     max_grad_norm: float = 1.0  # gradient clipping
     eval_every: int = 50  # steps between held-out acceptance evaluations (0 = only at start and end)

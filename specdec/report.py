@@ -28,7 +28,7 @@ def token_text(tokenizer, token_ids: list[int]) -> str:
 
 
 def round_rows(result: GenerationResult, tokenizer=None) -> list[dict]:
-    """One row per round, in the shape of seed 003's analysis table."""
+    """One row per round: the round table (drafted, accepted, the target's token, running output)."""
     rows, produced = [], []
     for index, r in enumerate(result.rounds, start=1):
         produced.extend(r.emitted_token_ids)

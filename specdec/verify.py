@@ -3,7 +3,7 @@
 Notation: `p_target` and `p_draft` are probability vectors (or stacks of them) over the
 *target's* vocabulary, after temperature and top-p have been applied identically to both.
 
-- Greedy (top-1) verification, as in seed 003: a drafted token is kept while it equals the
+- Greedy (top-1) verification, the temperature-0 case: a drafted token is kept while it equals the
   target's argmax at that position; the target's argmax replaces the first mismatch.
 - Lossless speculative sampling (Leviathan et al. 2023, Alg. 1; Chen et al. 2023, Alg. 2):
   accept drafted token x with probability min(1, p_target(x) / p_draft(x)); on the first

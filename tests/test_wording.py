@@ -3,8 +3,9 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-USER_FACING = ("README.md", "app.py", "specdec/dashboard", "specdec/cli", "specdec/probe.py", "specdec/bench",
-               "notebooks")  # files, or folders whose .py, .md and .ipynb files are read
+USER_FACING = ("README.md", "app.py", "specdec", "assets", "docs", "notebooks")  # files, or folders whose
+# .py, .md, .ipynb, .json and .jsonl files are read (docstrings and catalogue titles are read by users too)
+SUFFIXES = (".py", ".md", ".ipynb", ".json", ".jsonl")
 INTERNAL = re.compile(r"seed 0|seed-0|000_e22e|003_a69e|issue [0-9]|issue #|MEASURED\.md|heavy lock|/work/",
                       re.IGNORECASE)  # labels only the project's own documents use
 
@@ -13,7 +14,7 @@ def user_facing_files() -> list[Path]:
     files = []
     for name in USER_FACING:
         path = ROOT / name
-        files += [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix in (".py", ".md", ".ipynb"))
+        files += [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.suffix in SUFFIXES)
     return files
 
 

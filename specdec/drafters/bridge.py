@@ -8,7 +8,8 @@ verifier's min(1, p_target/p_draft) rule then needs nothing else).
 
 `NaiveCrossVocabDrafter` is what happens without any alignment: target ids go straight into the draft
 model (wrapped modulo the draft's vocabulary), and the draft's ids come back as if they were target ids.
-It runs, and acceptance collapses (seed 000's "QuantLib is one token for the target, two for the draft").
+It runs, and acceptance collapses (a domain word such as "QuantLib" is one token for one tokenizer, two for the
+other, so even the right word arrives as the wrong ids).
 
 Pass either as the `draft` of `specdec.speculative_generate`, or name it through `specdec.drafters.from_spec`.
 """

@@ -3,7 +3,7 @@
 Why: greedy speculative decoding is lossless only if the target's verification forward over n tokens
 gives, row for row, the logits that n one-token steps give. In float32 and bf16 it does not (a GEMM of
 M rows sums in another order than a GEMV), so a near-tie can flip the argmax. Here each op is made
-row-invariant instead (issue 12; docs in /work/shared/MEASURED.md "Kernels on this CPU"):
+row-invariant instead (kernel measurements: docs/performance.md):
 
 - `Int8Linear`: weights int8 per output channel (scale = max|w_row| / 127), activations int8 per ROW
   (per token: scale = max|x_row| / 127), integer GEMM with int32 sums (exact in any order: `torch._int_mm`,
