@@ -166,11 +166,13 @@ def test_summary_pools_counts_and_report_lists_divergences(tiny_run):
     assert f"ours ≠ target alone: draft {rows[0]['draft']}, k={rows[0]['k']}, prompt {rows[0]['prompt_id']} at token 3" \
         in format_report(rows)
     checks = target_checks(summaries, rows=rows)
-    assert {c.target for c in checks if c.draft == "noisy"} == {
-        "all prompts: speedup vs target alone", "worst category (random): speedup", "ours / HF assisted tokens/s"}
     worst = next(c for c in checks if c.draft == "noisy" and c.target.startswith("worst"))
-    assert worst.measured == min(s.speedup_vs_target_alone for s in summaries
-                                 if s.draft == "noisy" and s.k == worst.k and s.category != "all")
+    at_k = [s for s in summaries if s.draft == "noisy" and s.k == worst.k and s.category != "all"]
+    slowest = min(at_k, key=lambda s: s.speedup_vs_target_alone)  # which category is timing, not a constant
+    assert {c.target for c in checks if c.draft == "noisy"} == {
+        "all prompts: speedup vs target alone", f"worst category ({slowest.category}): speedup",
+        "ours / HF assisted tokens/s"}
+    assert worst.measured == slowest.speedup_vs_target_alone
     assert not [c for c in checks if "predicted" in c.target]  # 8-token cells: below the prediction's minimum
     long_rows = [dict(r, new_tokens=64) for r in rows]
     prediction = next(c for c in target_checks(summarise(long_rows), rows=long_rows)
