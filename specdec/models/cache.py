@@ -3,6 +3,8 @@
 Layout:
     gguf/<file>.gguf                  GGUFs assembled from package chunks (sha256-verified)
     converted/<key>/<dtype>/          safetensors + tokenizer written by `save_pretrained`
+    converted/<key>/int8/             the float32 one quantized once (`specdec.models.quant_store`)
+    quantized/<name>-<hash>/          int8 copies of folders outside the cache (same module)
     locks/<name>-<hash>.lock          one lock file per destination
 
 Every write goes to a `.partial-<pid>-<thread>` sibling, is fsynced and renamed into place when complete,

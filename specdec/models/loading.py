@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from . import aligned, cache, convert, entries, hub
+from . import aligned, cache, convert, entries, hub, quant_store
 from .cache import Progress
 from .speed import apply_speed_levers
 
@@ -36,8 +36,9 @@ class LoadedModel:
     name: str  # catalogue name, or the spec as given
     model: torch.nn.Module  # the causal LM, in eval mode
     tokenizer: object  # its transformers tokenizer
-    source: str  # where the weights were read from this time: cache/package/folder/aligned/gguf/hub/modelscope
-    path: Path  # the local folder (or .gguf file) the weights came from
+    source: str  # where the weights were read from this time: cache/package/folder/aligned/gguf/hub/modelscope,
+    # or "cache (int8)" (an int8 model read from its store, specdec.models.quant_store)
+    path: Path  # the local folder (or .gguf file) the weights came from (int8: the float32 folder quantized)
     dtype: str  # "float32", "bfloat16", or "int8" (float32 weights quantized by quant.quantize_int8)
     device: str = "cpu"  # torch device the weights live on
     load_seconds: float = 0.0  # wall time of this load, assembly and conversion included
@@ -90,15 +91,16 @@ def load_model(spec: str, *, dtype="auto", device: str = "auto", trust_remote_co
                progress: Progress | None = None, quant: str = "none") -> LoadedModel:
     """Load `spec` (see the module docstring) as a LoadedModel in eval mode.
 
-    quant="int8" (or dtype="int8"): load float32 on the CPU, then `quantize_int8` it (its dtype reads "int8").
+    quant="int8" (or dtype="int8"): the float32 model quantized by `quantize_int8` (its dtype reads "int8"),
+    stored once and read back by later loads (`specdec.models.quant_store`).
     """
     if quant not in QUANTS:
         raise ValueError(f"quant must be one of {', '.join(QUANTS)}, got {quant!r}")
-    if quant == "int8" or dtype == "int8":
-        return _load_int8(spec, dtype, device, trust_remote_code, progress)
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError("a model spec must be a non-empty string: a catalogue name "
                          f"({', '.join(entries.names())}), a folder, a .gguf file or a hub id")
+    if quant == "int8" or dtype == "int8":
+        return _load_int8(spec, dtype, device, trust_remote_code, progress)
     start = time.perf_counter()
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
@@ -109,15 +111,15 @@ def load_model(spec: str, *, dtype="auto", device: str = "auto", trust_remote_co
 
 
 def _load_int8(spec, dtype, device, trust_remote_code, progress) -> LoadedModel:
-    from .quant import quantize_int8
-
+    """The int8 model of `spec`'s float32 folder: from its int8 store, or quantized now and stored."""
     if dtype not in ("auto", "float32", "int8", torch.float32) or resolve_device(device) != "cpu":
         raise ValueError(f"int8 quantizes a float32 CPU load; got dtype {dtype!r} on {resolve_device(device)}")
     start = time.perf_counter()
-    loaded = load_model(spec, dtype="float32", device="cpu", trust_remote_code=trust_remote_code, progress=progress)
-    quantize_int8(loaded.model)
-    loaded.dtype, loaded.load_seconds = "int8", loaded.load_seconds + time.perf_counter() - start
-    return loaded
+    name, folder, source = _resolve(spec.strip(), "float32", progress)
+    float32 = lambda: _from_folder(folder, "float32", "cpu", trust_remote_code)  # noqa: E731 - only when storing
+    model, tokenizer, stored = quant_store.load_int8(folder, float32, trust_remote_code, progress)
+    source = quant_store.CACHE_SOURCE if stored else source
+    return LoadedModel(name, model, tokenizer, source, folder, "int8", "cpu", time.perf_counter() - start)
 
 
 def prepare(spec: str, *, dtype="auto", device: str = "auto", progress: Progress | None = None) -> tuple[Path, str]:

@@ -113,21 +113,34 @@ class Int8Linear(torch.nn.Module):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
-        weight = weight.detach().float()  # [out, in]
-        self.out_features, self.in_features = weight.shape
-        weight_q, weight_scale = _quantize_rows(weight)
-        self.register_buffer("weight", weight_q.to(torch.int8))
-        self.register_buffer("weight_scale", weight_scale)
-        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
-        self.packed = _pack(self.weight) if fbgemm_is_exact() else None  # fbgemm's copy of `weight`
-        if self.packed is not None and not _same_sums(self.packed, self.weight):
-            self.packed = None  # never seen; a kernel path for this shape that is not exact falls back
+        weight_q, weight_scale = _quantize_rows(weight.detach().float())  # [out, in], [out]
+        self._hold(weight_q.to(torch.int8), weight_scale, bias)
 
     @classmethod
     def from_module(cls, module: torch.nn.Module) -> "Int8Linear":
         """From a torch Linear (any subclass) or a transformers Conv1D (whose weight is [in, out])."""
         weight = module.weight.t() if isinstance(module, Conv1D) else module.weight
         return cls(weight, module.bias)
+
+    @classmethod
+    def from_quantized(cls, weight: torch.Tensor, weight_scale: torch.Tensor,
+                       bias: torch.Tensor | None = None) -> "Int8Linear":
+        """The layer whose `state_dict` holds these (int8 weight [out, in], float32 weight_scale [out], bias [out]),
+        as `cls(w, b)` made it, without quantizing again."""
+        layer = cls.__new__(cls)
+        torch.nn.Module.__init__(layer)
+        layer._hold(weight, weight_scale, bias)
+        return layer
+
+    def _hold(self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None) -> None:
+        """Register the quantized weight and its scales and bias, and fbgemm's packed copy where it is exact."""
+        self.out_features, self.in_features = weight.shape
+        self.register_buffer("weight", weight)
+        self.register_buffer("weight_scale", weight_scale)
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+        self.packed = _pack(self.weight) if fbgemm_is_exact() else None  # fbgemm's copy of `weight`
+        if self.packed is not None and not _same_sums(self.packed, self.weight):
+            self.packed = None  # never seen; a kernel path for this shape that is not exact falls back
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)  # [M, in], M = tokens
@@ -153,12 +166,16 @@ class SharedInputInt8(Int8Linear):
     quantized with the same scale either way and the sums are exact, so the bits are those of separate layers.
     """
 
+    members: int  # the Int8Slices reading this layer (each counts itself in)
+
     def __init__(self, modules: list[torch.nn.Module]):
         weights = [m.weight.t() if isinstance(m, Conv1D) else m.weight for m in modules]
         has_bias = modules[0].bias is not None
         super().__init__(torch.cat(weights), torch.cat([m.bias for m in modules]) if has_bias else None)
-        self.members = len(modules)
-        self.last_input, self.last_output, self.unread = None, None, 0
+
+    def _hold(self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super()._hold(weight, weight_scale, bias)
+        self.members, self.last_input, self.last_output, self.unread = 0, None, None, 0
 
     def output_for(self, x: torch.Tensor) -> torch.Tensor:
         """This layer's output for `x`: computed once per input for all members, then read by each."""
@@ -176,6 +193,7 @@ class Int8Slice(torch.nn.Module):
     def __init__(self, shared: SharedInputInt8, start: int, end: int):
         super().__init__()
         self.shared = [shared]  # a list: the shared layer is registered once, on the parent module
+        shared.members += 1
         self.start, self.end = start, end
         self.in_features, self.out_features = shared.in_features, end - start
 
@@ -223,18 +241,47 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
     """Make a float32 CPU causal LM row-invariant in place (see the module docstring) and return it.
 
     Every Linear (RowsFirstLinear and ColumnMajorHead included) and Conv1D becomes an Int8Linear (siblings
-    that read one input, q/k/v and gate/up, one SharedInputInt8 read through Int8Slices); the LM head too, and when it is tied to the input embeddings only the head's copy is quantized (the embedding stays
-    float32). Attention becomes `rowwise_attention`.
+    that read one input, q/k/v and gate/up, one SharedInputInt8 read through Int8Slices); the LM head too, and
+    when it is tied to the input embeddings only the head's copy is quantized (the embedding stays float32).
+    Attention becomes `rowwise_attention`.
     """
     parameter = next(model.parameters())
     if parameter.dtype != torch.float32 or parameter.device.type != "cpu":
         raise ValueError(f"quantize_int8 takes a float32 CPU model, got {parameter.dtype} on {parameter.device}")
-    _share_inputs(model)
+    return _int8_layers(model, _quantized_layer)
+
+
+def int8_from_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """The model `quantize_int8` made, from its `state_dict()` (`state`) and `model`, the same architecture built
+    from its config with parameters on the meta device (buffers real); in place, without a float32 pass.
+
+    Each int8 layer is made from its stored int8 weight, scales and bias (`Int8Linear.from_quantized`, packed as
+    quantizing packs); every other tensor is assigned from `state`. A missing or unexpected key raises.
+    """
+    def stored_layer(name: str, modules: list[torch.nn.Module]) -> Int8Linear:
+        cls = SharedInputInt8 if len(modules) > 1 else Int8Linear
+        bias = None if modules[0].bias is None else state[f"{name}.bias"]
+        return cls.from_quantized(state[f"{name}.weight"], state[f"{name}.weight_scale"], bias)
+
+    _int8_layers(model, stored_layer)
+    model.load_state_dict(state, strict=True, assign=True)
+    return model
+
+
+def _quantized_layer(name: str, modules: list[torch.nn.Module]) -> Int8Linear:
+    """The int8 layer of float `modules` (siblings reading one input, or one Linear / Conv1D), quantized now."""
+    return SharedInputInt8(modules) if len(modules) > 1 else Int8Linear.from_module(modules[0])
+
+
+def _int8_layers(model: torch.nn.Module, layer) -> torch.nn.Module:
+    """Replace the Linears and Conv1Ds of `model` by `layer(name, modules)`, the int8 layer registered at `name` for
+    `modules` (a SHARED_INPUTS group, or one module); untie the head; make attention rowwise. Returns `model`."""
+    _share_inputs(model, layer)
     names = [name for name, module in model.named_modules() if isinstance(module, (torch.nn.Linear, Conv1D))]
     for name in names:  # one at a time, so each float32 weight is freed as soon as its int8 copy exists
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name)
-        setattr(parent, child, Int8Linear.from_module(getattr(parent, child)))
+        setattr(parent, child, layer(name, [getattr(parent, child)]))
     model.config.tie_word_embeddings = False  # the head is its own (int8) copy now
     for config in (model.config, *[getattr(model.config, key) for key in model.config.sub_configs]):
         if config is not None:
@@ -242,17 +289,20 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def _share_inputs(model: torch.nn.Module) -> None:
-    """Replace each group of SHARED_INPUTS Linears (same input width, all or none with a bias) by Int8Slices."""
+def _share_inputs(model: torch.nn.Module, layer) -> None:
+    """Replace each group of SHARED_INPUTS Linears (same input width, all or none with a bias) by Int8Slices of
+    one `layer(name, modules)`, registered on their parent as q_proj_k_proj_v_proj_int8 (gate_proj_up_proj_int8)."""
     parents = [name for name, module in model.named_modules() if any(hasattr(module, n[0]) for n in SHARED_INPUTS)]
-    for parent in map(model.get_submodule, parents):  # names, not modules: replaced weights are freed as we go
+    for parent_name in parents:  # names, not modules: replaced weights are freed as we go
+        parent = model.get_submodule(parent_name)
         for names in SHARED_INPUTS:
             modules = [getattr(parent, name, None) for name in names]
             if not all(isinstance(m, torch.nn.Linear) for m in modules) \
                     or len({m.in_features for m in modules}) > 1 or len({m.bias is None for m in modules}) > 1:
                 continue
-            shared = SharedInputInt8(modules)
-            parent.add_module("_".join(names) + "_int8", shared)
+            child = "_".join(names) + "_int8"
+            shared = layer(f"{parent_name}.{child}" if parent_name else child, modules)
+            parent.add_module(child, shared)
             start = 0
             for name, module in zip(names, modules):
                 setattr(parent, name, Int8Slice(shared, start, start + module.out_features))
