@@ -12,7 +12,9 @@ et al. 2025) bring it back? Stages, each cached in the domain's folder and skipp
 | data | data.json | the target's greedy continuations of the training prompts, plus `samples` sampled ones per
   prompt (cached in distill/data/; several rows per batched forward with `generation_batch`, and how many greedy
   rows match one-at-a-time generation) |
-| distill | distill/ | transplant/ distilled on that data (resumable checkpoints; `specdec.distill`) |
+| distill | distill/ | transplant/ distilled on that data (resumable checkpoints; `specdec.distill`); registered as
+  an aligned draft, its held-out α̂ filled in by the measure stage (no separate held-out check unless
+  `distill.eval_every` > 0: measuring (d) and (e) is that check) |
 | prune | prune/vocabulary.json | target ids the domain data uses plus the most frequent ones of general text |
 | measure | results.json, table.md | every draft on held-out prompts, against the target alone |
 
@@ -44,6 +46,7 @@ from .trace import measured_speedup, pooled_stats
 
 STAGES = ("report", "transplant", "data", "distill", "prune", "measure")
 BATCH_CHECKS = 2  # batched training rows regenerated one at a time to check they are the same
+RECIPE_DISTILL = DistillConfig(steps=100, batch_size=4, eval_every=0)  # eval_every 0: the measure stage measures α̂
 Say = Callable[[str], None]
 
 
@@ -54,13 +57,13 @@ class RecipeSettings:
     train: list[list[int]]  # training prompts, target token ids
     held_out: list[list[int]]  # held-out prompts (measure and distillation evals), target token ids
     texts: list[str]  # domain text the tokenizer report is computed on
-    distill: DistillConfig = field(default_factory=DistillConfig)  # distillation hyper-parameters
+    distill: DistillConfig = field(default_factory=lambda: RECIPE_DISTILL)  # distillation hyper-parameters
     max_new_tokens: int = 48  # target continuation length per training prompt
-    measure_max_new_tokens: int = 48  # tokens generated per held-out prompt when measuring
+    measure_max_new_tokens: int = 32  # tokens generated per held-out prompt when measuring
     k: int = 5  # draft tokens per round when measuring
     most_frequent: int = MOST_FREQUENT  # general-text tokens kept in the pruned vocabulary
-    generation_batch: int = 1  # training prompts the target continues per batched forward (1 = one at a time)
-    samples: int = 0  # sampled target continuations per training prompt besides the greedy one (more contexts)
+    generation_batch: int = 16  # training prompts the target continues per batched forward (1 = one at a time)
+    samples: int = 1  # sampled target continuations per training prompt besides the greedy one (more contexts)
     sample_temperature: float = 0.8  # temperature of those samples (the target's own distribution, sharpened)
 
 
@@ -150,19 +153,23 @@ def stage_data(target, settings: RecipeSettings, folder: Path) -> str:
 
 def stage_distill(target, other, settings: RecipeSettings, folder: Path) -> str:
     """Distil transplant/ into distill/draft and register it in the model cache as an aligned draft
-    (`specdec.models.aligned`: the dashboard lists it with its recipe)."""
+    (`specdec.models.aligned`: the dashboard lists it with its recipe). Held-out α̂ is checked during
+    training only when `distill.eval_every` > 0; the measure stage measures it either way."""
     from .cli.distill import distill_to_folder
 
     draft = load_model(str(folder / "transplant"), dtype=target.dtype)
-    report = distill_to_folder(target, draft, settings.train, settings.held_out, settings.distill,
+    held_out = settings.held_out if settings.distill.eval_every else []
+    report = distill_to_folder(target, draft, settings.train, held_out, settings.distill,
                                folder / "distill", max_new_tokens=settings.max_new_tokens, resume=True,
                                data=_data(target, settings, folder))
     registered = aligned.register_distilled(folder / "distill" / "draft", report, domain=folder.name,
-                                            name=aligned.name_for(f"{other.name}-{folder.name}"),
+                                            name=_registry_name(other, folder),
                                             target=aligned.loaded_id(target), source=aligned.loaded_id(other))
-    first, last = report.evals[0], report.evals[-1]
-    return (f"{settings.distill.steps} steps, held-out α̂ {first['acceptance_rate']:.3f} -> "
-            f"{last['acceptance_rate']:.3f}; registered as aligned:{registered.name}")
+    first, last = report.losses[0], report.losses[-1]
+    checked = (f", held-out α̂ {report.evals[0]['acceptance_rate']:.3f} -> {report.evals[-1]['acceptance_rate']:.3f}"
+               if report.evals else "")
+    return (f"{settings.distill.steps} steps, loss {first['loss']:.2f} -> {last['loss']:.2f}{checked}; "
+            f"registered as aligned:{registered.name}")
 
 
 def stage_prune(target, settings: RecipeSettings, folder: Path) -> str:
@@ -178,7 +185,10 @@ def stage_prune(target, settings: RecipeSettings, folder: Path) -> str:
 
 
 def stage_measure(target, other, same_draft: str, settings: RecipeSettings, folder: Path, say: Say) -> str:
+    """Measure every row; the registered distilled draft's card gets row (e)'s held-out α̂."""
     rows = measure(target, other, same_draft, settings, folder, say)
+    distilled = next(r for r in rows if r.draft.startswith("(e)"))
+    aligned.set_acceptance(_registry_name(other, folder), distilled.acceptance_rate)
     return f"{len(rows) - 1} drafts measured on {len(settings.held_out)} held-out prompts"
 
 
@@ -193,21 +203,21 @@ def measure(target, other, same_draft: str, settings: RecipeSettings, folder: Pa
     pruned = f"{distilled}{VOCAB_SEPARATOR}{folder / 'prune' / 'vocabulary.json'}"
     load = lambda name: load_model(name, dtype=target.dtype)  # noqa: E731
     contenders = [
-        ("a", f"(a) {Path(same_draft).name}", "target's", lambda: load_draft(same_draft, target, bridge=False)),
-        ("b", f"(b) {other.name}, ids fed naively", f"{other.name}'s", lambda: NaiveCrossVocabDrafter(other)),
-        ("c", f"(c) {other.name} via text bridge", f"{other.name}'s",
+        (f"(a) {Path(same_draft).name}", "target's", lambda: load_draft(same_draft, target, bridge=False)),
+        (f"(b) {other.name}, ids fed naively", f"{other.name}'s", lambda: NaiveCrossVocabDrafter(other)),
+        (f"(c) {other.name} via text bridge", f"{other.name}'s",
          lambda: TextBridgeDrafter(other, target.tokenizer)),
-        ("d", f"(d) {other.name} transplanted by string", "target's (hard-cloned)",
+        (f"(d) {other.name} transplanted by string", "target's (hard-cloned)",
          lambda: load(str(folder / "transplant"))),
-        ("e", "(e) (d) distilled", "target's (hard-cloned)", lambda: load(str(distilled))),
-        ("f", "(f) (e) with a pruned vocabulary", "target's, pruned", lambda: from_spec(pruned, target, load=load)),
+        ("(e) (d) distilled", "target's (hard-cloned)", lambda: load(str(distilled))),
+        ("(f) (e) with a pruned vocabulary", "target's, pruned", lambda: from_spec(pruned, target, load=load)),
     ]
     rows = [Row("target alone", "target's", math.nan, 1.0, 0.0, 1.0, 1.0, _ms_per_token(baseline),
                 f"{len(held_out)}/{len(held_out)}")]
     say(markdown(rows).rstrip())
-    for letter, label, tokenizer, make in contenders:
+    for label, tokenizer, make in contenders:
         draft = make()
-        costs = calibrate(target, draft, cache_dir=folder / "costs" / letter)
+        costs = calibrate(target, draft, cache_dir=folder / "costs")  # v(n) measured once, c per draft
         results = trials.run(draft, costs)
         stats = pooled_stats(results, k, costs)
         same = trials.identical(results)
@@ -249,6 +259,10 @@ def transplanted(other, target, method: str):
     apply_speed_levers(clone.model)  # the same load-time speed levers as every other model here
     clone.tokenizer, clone.name = target.tokenizer, f"{other.name} ({method} transplant)"
     return clone
+
+
+def _registry_name(other, folder: Path) -> str:
+    return aligned.name_for(f"{other.name}-{folder.name}")
 
 
 def _data(target, settings: RecipeSettings, folder: Path):

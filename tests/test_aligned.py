@@ -57,6 +57,11 @@ def test_registry_round_trip_lists_per_target_and_labels(paths):
                                source=paths["unaligned"], domain="finance")
     from_report = aligned.label(aligned.find("aligned:from-report"))
     assert from_report.endswith("finance · distilled 7 steps · held-out α̂ 0.50")
+    aligned.register_distilled(paths["unaligned"], {"steps_done": 4}, name="measured-later", target=paths["target"],
+                               source=paths["unaligned"], domain="finance")  # trained without a held-out check
+    assert aligned.label(aligned.find("aligned:measured-later")).endswith("distilled 4 steps")
+    aligned.set_acceptance("measured-later", 0.4321)
+    assert aligned.label(aligned.find("aligned:measured-later")).endswith("distilled 4 steps · held-out α̂ 0.43")
     with pytest.raises(ValueError, match="name is 1-80 letters"):
         card(paths, name="../escape")
     with pytest.raises(ValueError, match="no \\*.safetensors"):

@@ -7,6 +7,7 @@ so a killed run continues where it stopped (`specdec.recipe`). The table compare
   (a) the same-family draft; (b) a draft of another family, ids fed naively; (c) through the text bridge;
   (d) transplanted onto the target's tokenizer by token string; (e) (d) distilled; (f) (e) with a pruned
   vocabulary (`MODEL@vocab=FILE`). Measurement is heavy: run it when nothing else is timing on the machine.
+Held-out α̂ is measured once, by the measure stage; `--eval-every N` also checks it every N steps of distillation.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 from ..align import DEFAULT_TEXTS, bits_per_character, transplant_vocabulary
 from ..limits import K_MAX
 from ..models import add_model_arguments, default_name, load_model
-from ..recipe import RecipeSettings, markdown, run_recipe
+from ..recipe import RECIPE_DISTILL, RecipeSettings, markdown, run_recipe
 from ..suites import encode, load_suite
 from .arguments import parse_fixed_k
 from .distill import (add_distill_arguments, apply_threads, config_from, held_out_prompts, prompt_ids, read_prompts,
@@ -31,17 +32,21 @@ def register(subparsers) -> None:
     add_model_arguments(e, target_default=default_name("target"))
     e.add_argument("--same-draft", default=default_name("draft"), help="draft of the target's family (row a)")
     e.add_argument("--other-draft", default="smollm2-135m-instruct", help="draft of another family (rows b-e)")
-    e.add_argument("--k", type=parse_fixed_k, default=5, help=f"draft tokens per round (1..{K_MAX})")
-    e.add_argument("--measure-max-new-tokens", type=int, default=48, help="tokens generated per held-out prompt")
-    e.add_argument("--most-frequent", type=int, default=2048,
+    defaults = RecipeSettings(train=[], held_out=[], texts=[])
+    e.add_argument("--k", type=parse_fixed_k, default=defaults.k, help=f"draft tokens per round (1..{K_MAX})")
+    e.add_argument("--measure-max-new-tokens", type=int, default=defaults.measure_max_new_tokens,
+                   help="tokens generated per held-out prompt when measuring")
+    e.add_argument("--most-frequent", type=int, default=defaults.most_frequent,
                    help="general-text tokens kept in the pruned vocabulary besides the domain's own")
-    e.add_argument("--generation-batch", type=int, default=1,
+    e.add_argument("--generation-batch", type=int, default=defaults.generation_batch,
                    help="training prompts the target continues per batched forward (left padding; 1 = one at a time)")
-    e.add_argument("--samples", type=int, default=1,
+    e.add_argument("--samples", type=int, default=defaults.samples,
                    help="sampled target continuations per training prompt besides the greedy one (more contexts)")
-    e.add_argument("--sample-temperature", type=float, default=0.8, help="temperature of those samples")
+    e.add_argument("--sample-temperature", type=float, default=defaults.sample_temperature,
+                   help="temperature of those samples")
     add_distill_arguments(e)
-    e.set_defaults(prompts="finance")
+    e.set_defaults(prompts="finance", steps=RECIPE_DISTILL.steps, batch_size=RECIPE_DISTILL.batch_size,
+                   eval_every=RECIPE_DISTILL.eval_every, eval_limit=6, max_new_tokens=defaults.max_new_tokens)
     e.add_argument("--out", default="runs/align-distill",
                    help="run folder, one subfolder per domain (a rerun skips the stages already done)")
     e.set_defaults(func=run)

@@ -17,7 +17,7 @@ import json
 import re
 import shutil
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from . import cache, entries
@@ -101,8 +101,20 @@ def register(model_folder, card: Card) -> Path:
     final = root() / card.name
     with cache.locked(final), cache.atomic_path(final) as partial:
         shutil.copytree(model_folder, partial)
-        (partial / CARD).write_text(json.dumps(asdict(card), indent=1, ensure_ascii=False), encoding="utf-8")
+        (partial / CARD).write_text(_card_json(card), encoding="utf-8")
     return final
+
+
+def set_acceptance(name: str, acceptance: float) -> Card:
+    """Record a held-out α̂ measured after registration (the aligned-draft recipe's measure stage) on `name`'s card."""
+    path = folder(name)
+    card = replace(read_card(path), held_out_acceptance=acceptance)
+    cache.write_text(path / CARD, _card_json(card))
+    return card
+
+
+def _card_json(card: Card) -> str:
+    return json.dumps(asdict(card), indent=1, ensure_ascii=False)
 
 
 def read_card(path: Path) -> Card | None:
