@@ -4,6 +4,7 @@ Used by tests/test_browser.py and to make the screenshots in docs/:
     cd tests && python -m screenshots http://127.0.0.1:7860 ../docs/screenshots [live,compare,theory]
     cd tests && python -m screenshots http://127.0.0.1:7860 ../docs/screenshots teach  # step-through, position, waterfall
     cd tests && python -m screenshots http://127.0.0.1:7860 ../docs aligned  # prepare, distil, compare-aligned.png
+    cd tests && python -m screenshots http://127.0.0.1:7860 ../docs compare:NAME "PROMPT"  # compare tab as is, NAME.png
 """
 from __future__ import annotations
 
@@ -51,8 +52,11 @@ def open_tab(page, name: str) -> None:
     page.get_by_role("tab", name=name).click()
 
 
-def run_compare(page, timeout_ms: int) -> None:
+def run_compare(page, timeout_ms: int, prompt: str | None = None) -> None:
+    """Run the compare tab's default columns (on `prompt` instead of the default one when given)."""
     open_tab(page, "Aligned vs unaligned")
+    if prompt is not None:
+        page.locator("#compare-prompt textarea").fill(prompt)
     page.click("#compare-run")
     wait_for_text(page, "#compare-status", "done", timeout_ms)
     page.wait_for_selector("#compare-plot .main-svg", timeout=timeout_ms)
@@ -151,6 +155,15 @@ def aligned_screenshot(url: str, out_dir: str | Path, timeout_ms: int = 600_000)
     return [path]
 
 
+def compare_screenshot(url: str, path: Path, prompt: str, timeout_ms: int = 1_200_000) -> list[Path]:
+    """The compare tab with its default columns (the aligned draft among them when one is registered) on `prompt`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with page_at(url) as page:
+        run_compare(page, timeout_ms, prompt)
+        page.screenshot(path=str(path), full_page=True)
+    return [path]
+
+
 def screenshots(url: str, out_dir: str | Path, tabs: tuple[str, ...] = ("live", "compare", "theory"),
                 timeout_ms: int = 600_000) -> list[Path]:
     """Run each of `tabs` once and save one full-page PNG per tab into `out_dir`; return the paths."""
@@ -173,6 +186,9 @@ if __name__ == "__main__":
         saved = teaching_screenshots(sys.argv[1], sys.argv[2])
     elif chosen == ("aligned",):
         saved = aligned_screenshot(sys.argv[1], sys.argv[2])
+    elif chosen[0].startswith("compare:"):
+        saved = compare_screenshot(sys.argv[1], Path(sys.argv[2]) / f"{chosen[0].removeprefix('compare:')}.png",
+                                   sys.argv[4])
     else:
         saved = screenshots(sys.argv[1], sys.argv[2], chosen)
     for saved_path in saved:

@@ -136,7 +136,8 @@ def build_demo(config: AppConfig, hub: ModelHub | None = None) -> gr.Blocks:
     )
                 with gr.Row():
                     compare_target = model_box(hub.choices("target"), value=hub.default("target"), label="target")
-                    compare_prompt = gr.Textbox(next(iter(PROMPTS.values())), label="prompt", lines=2)
+                    compare_prompt = gr.Textbox(next(iter(PROMPTS.values())), label="prompt", lines=2,
+                                                elem_id="compare-prompt")
                     compare_k = gr.Dropdown(K_CHOICES, value="auto", label="k")
                     compare_new = gr.Slider(1, config.max_new_tokens_cap, value=min(32, config.max_new_tokens_cap),
                                             step=1, label="max new tokens")
