@@ -29,7 +29,7 @@ import copy
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -57,7 +57,7 @@ class RecipeSettings:
     train: list[list[int]]  # training prompts, target token ids
     held_out: list[list[int]]  # held-out prompts (measure and distillation evals), target token ids
     texts: list[str]  # domain text the tokenizer report is computed on
-    distill: DistillConfig = field(default_factory=lambda: RECIPE_DISTILL)  # distillation hyper-parameters
+    distill: DistillConfig = field(default_factory=lambda: replace(RECIPE_DISTILL))  # distillation hyper-parameters
     max_new_tokens: int = 48  # target continuation length per training prompt
     measure_max_new_tokens: int = 32  # tokens generated per held-out prompt when measuring
     k: int = 5  # draft tokens per round when measuring
