@@ -111,6 +111,14 @@ def test_experiment_runs_every_stage_and_writes_the_table(folders, capsys):
     assert capsys.readouterr().out.count("skipped, done before") == 6
 
 
+def test_experiment_refuses_the_distill_only_on_policy_option(folders, capsys):
+    """The recipe trains on the target's continuations only: an option it would ignore is refused, not dropped."""
+    with pytest.raises(SystemExit) as refused:
+        main(experiment_args(folders, folders["root"] / "on-policy") + ["--on-policy"])
+    assert refused.value.code == 2 and "unrecognized arguments: --on-policy" in capsys.readouterr().err
+    assert not (folders["root"] / "on-policy").exists()
+
+
 def test_transplant_check_scores_both_methods(folders, capsys):
     assert main(["experiment", "transplant-check", "--target", folders["target"], "--draft", folders["other"],
                  "--prompts", folders["prompts"]]) == 0

@@ -45,7 +45,8 @@ def register(subparsers) -> None:
     e.add_argument("--sample-temperature", type=float, default=defaults.sample_temperature,
                    help="temperature of those samples")
     add_distill_arguments(e)
-    e.set_defaults(prompts="finance", steps=RECIPE_DISTILL.steps, batch_size=RECIPE_DISTILL.batch_size,
+    e.set_defaults(prompts="finance", steps=RECIPE_DISTILL.steps, lr=RECIPE_DISTILL.lr,
+                   batch_size=RECIPE_DISTILL.batch_size, temperature=RECIPE_DISTILL.temperature,
                    eval_every=RECIPE_DISTILL.eval_every, eval_limit=6, max_new_tokens=defaults.max_new_tokens)
     e.add_argument("--out", default="runs/align-distill",
                    help="run folder, one subfolder per domain (a rerun skips the stages already done)")
