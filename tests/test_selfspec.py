@@ -1,8 +1,10 @@
 """Self-speculative draft: a no-copy view of the target's first L layers; greedy identity; lossless sampling."""
-import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
-import psutil
 import pytest
 import torch
 from scipy.stats import chisquare
@@ -16,6 +18,7 @@ from specdec.measure import (Calibration, DraftMeasurement, _recommendation, cal
 from specdec.testing import tiny_model
 
 PROMPT = [5, 6, 7, 8, 9, 10, 5, 6]
+ROOT = Path(__file__).resolve().parents[1]
 OTHER_CONFIGS = {  # supported families that specdec.testing does not build
     "qwen3": Qwen3Config, "mistral": MistralConfig,
     "gemma3_text": lambda **kw: Gemma3TextConfig(head_dim=16, sliding_window=4, **kw),  # sliding-window layers
@@ -76,21 +79,29 @@ def test_every_draft_parameter_is_a_target_tensor():
         draft.lm.token_ids)
 
 
-def rss() -> int:
-    return psutil.Process().memory_info().rss
+RSS_PROBE = """
+import copy, json, psutil
+from specdec.drafters.selfspec import SelfSpeculativeDraft, tensor_bytes
+from specdec.testing import tiny_model
+rss = lambda: psutil.Process().memory_info().rss
+model = tiny_model("llama", seed=1, layers=2, vocab_size=32000, hidden=256)  # ~70 MB of weights
+before = rss()
+draft = SelfSpeculativeDraft(model, layers=2)
+grown = rss() - before
+copied = copy.deepcopy(draft.lm.model)  # control: a real copy of the same view is visible in the RSS
+print(json.dumps({"weights": tensor_bytes(model.parameters()), "grown": grown,
+                  "grown_by_copy": rss() - before - grown}))
+"""
 
 
 def test_building_the_draft_does_not_grow_memory_by_the_weights():
-    model = tiny_model("llama", seed=1, layers=2, vocab_size=32000, hidden=256)  # ~70 MB of weights
-    weights = tensor_bytes(model.parameters())
-    before = rss()
-    draft = SelfSpeculativeDraft(model, layers=2)
-    grown = rss() - before
-    copied = copy.deepcopy(draft.lm.model)  # control: a real copy of the same view is visible in the RSS
-    grown_by_copy = rss() - before - grown
+    # A fresh interpreter: in this one, memory freed by earlier tests stays resident and a copy could reuse it unseen.
+    done = subprocess.run([sys.executable, "-c", RSS_PROBE], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    probe = json.loads(done.stdout.splitlines()[-1])
+    weights, grown = probe["weights"], probe["grown"]
     assert grown < 0.1 * weights, f"building the draft grew RSS by {grown / 2**20:.1f} MiB"
-    assert grown_by_copy > 0.5 * weights, "the RSS probe cannot see a copy of the weights"
-    del copied
+    assert probe["grown_by_copy"] > 0.5 * weights, "the RSS probe cannot see a copy of the weights"
 
 
 @pytest.mark.parametrize("layers", [0, 4, 1.5, "2"])
