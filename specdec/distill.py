@@ -522,25 +522,34 @@ def _save_checkpoint(checkpoint: Path, accelerator, trained, optimizer, report: 
             cache.remove(old)  # older steps, partials of killed writes
 
 
+def checkpoint_report(checkpoint: Path) -> DistillReport | None:
+    """The report saved with the newest checkpoint under `checkpoint` (no weights read), or None."""
+    saved = latest_checkpoint(checkpoint)
+    return DistillReport(**json.loads((saved / STATE_FILE).read_text())) if saved is not None else None
+
+
+def resume_conflict(saved: DistillReport, fresh: DistillReport) -> str | None:
+    """Why a run with `fresh`'s settings and data cannot continue the checkpoint of `saved` (None: it can)."""
+    for name in TRAINING_SETTINGS:
+        if saved.config[name] != fresh.config[name]:
+            return f"{name} was {saved.config[name]!r} there, {fresh.config[name]!r} now"
+    if saved.data != fresh.data:
+        return "the training data differ (other prompts, split, limit, continuation length or --on-policy)"
+    if saved.steps_done > fresh.config["steps"]:
+        return f"it has trained {saved.steps_done} steps, more than the {fresh.config['steps']} asked"
+    return None
+
+
 def _resumed(saved: Path, fresh: DistillReport, draft_model, optimizer) -> DistillReport:
     """The checkpoint's report (weights and optimizer restored) after checking it belongs to this run."""
-    report = _load_checkpoint(saved, draft_model, optimizer)
-    for name in TRAINING_SETTINGS:
-        if report.config[name] != fresh.config[name]:
-            raise ValueError(f"cannot resume {saved.parent}: {name} was {report.config[name]!r} there, "
-                             f"{fresh.config[name]!r} now (use the same settings, or another run folder)")
-    if report.data != fresh.data:
-        raise ValueError(f"cannot resume {saved.parent}: the training data differ (other prompts, split, limit, "
-                         "continuation length or --on-policy)")
-    report.config = fresh.config  # this run's settings (steps may have grown)
-    return report
-
-
-def _load_checkpoint(folder: Path, draft_model, optimizer) -> DistillReport:
-    """Restore what `_save_checkpoint` wrote (the optimizer file is read with weights_only=True)."""
     from safetensors.torch import load_model
 
-    load_model(draft_model, str(folder / "draft.safetensors"))
-    optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
-    return DistillReport(**json.loads((folder / STATE_FILE).read_text()))
+    report = checkpoint_report(saved.parent)
+    conflict = resume_conflict(report, fresh)
+    if conflict:
+        raise ValueError(f"cannot resume {saved.parent}: {conflict}; use the same settings, or another run folder")
+    load_model(draft_model, str(saved / "draft.safetensors"))
+    optimizer.load_state_dict(torch.load(saved / "optimizer.pt", weights_only=True))  # tensors and numbers only
+    report.config = fresh.config  # this run's settings (steps may have grown)
+    return report
 

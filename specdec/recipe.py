@@ -2,8 +2,11 @@
 
 A domain-shift experiment at small scale: does a draft with another tokenizer collapse on domain text, and
 do alignment, distillation (DistillSpec, Zhou et al. 2023) and a pruned draft vocabulary (FR-Spec, Zhao
-et al. 2025) bring it back? Stages, each cached in the domain's folder and skipped once its output exists
-(outputs are written under a temporary name and renamed, so a kill never leaves a half-written one):
+et al. 2025) bring it back? Stages, each cached in the domain's folder and skipped when it finished before with
+the same inputs (inputs.json records them) and no stage before it ran again; a stage that runs again removes what
+the later ones made. Outputs are written under a temporary name and renamed, so a kill never leaves a half-written
+one; a changed step count continues distillation from its checkpoint, other changed training settings start it
+again:
 
 | stage | output | what |
 |---|---|---|
@@ -26,6 +29,7 @@ measured speedup over the target alone (`specdec.trace.measured_speedup`), and g
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import math
 import time
@@ -35,7 +39,8 @@ from typing import Callable
 
 from .align import save_aligned, tokenizer_report, transplant_vocabulary
 from .costs import calibrate
-from .distill import DistillConfig, cached_examples, generate_examples
+from .distill import (DistillConfig, DistillReport, cached_examples, checkpoint_report, data_fingerprint,
+                      generate_examples, resume_conflict)
 from .drafters import NaiveCrossVocabDrafter, TextBridgeDrafter, from_spec
 from .drafters.pruned import MOST_FREQUENT, VOCAB_SEPARATOR, build_vocabulary, save_vocabulary
 from .inputs import vocab_size
@@ -85,32 +90,78 @@ class Row:
 
 # --- stages ------------------------------------------------------------------------------------------------
 
+# what each stage makes; the first is its mark of completion. Running a stage again removes what the stages after it
+# made (it was made from the old output); its own checkpoint stays for `distill` to continue when it can.
+PRODUCTS = {"report": ("report.json",), "transplant": ("transplant",), "data": ("data.json",),
+            "distill": ("distill/report.json", "distill/draft", "distill/loss.html", "distill/checkpoint"),
+            "prune": ("prune",), "measure": ("results.json", "table.md")}
+INPUTS = "inputs.json"  # per finished stage, the settings it was made with (`stage_inputs`)
+
+
 def run_recipe(target, other, same_draft: str, settings: RecipeSettings, folder: Path, *,
                say: Say = print, domain: str = "") -> list[Row]:
-    """Every stage for one domain in `folder`; finished stages are skipped. Returns the table's rows."""
+    """Every stage for one domain in `folder`. A stage is skipped when it finished before with the same inputs;
+    else it runs, after removing what the stages after it made (so they run too). Returns the table's rows."""
     folder.mkdir(parents=True, exist_ok=True)
     times = _read_json(folder / "stage_times.json") or {}
-    steps = [
-        ("report", folder / "report.json", lambda: stage_report(target, other, settings, folder)),
-        ("transplant", folder / "transplant", lambda: stage_transplant(target, other, folder)),
-        ("data", folder / "data.json", lambda: stage_data(target, settings, folder)),
-        ("distill", folder / "distill" / "report.json", lambda: stage_distill(target, other, settings, folder)),
-        ("prune", folder / "prune" / "vocabulary.json", lambda: stage_prune(target, settings, folder)),
-        ("measure", folder / "results.json", lambda: stage_measure(target, other, same_draft, settings, folder, say)),
-    ]
-    for number, (name, output, work) in enumerate(steps, start=1):
-        head = f"[{domain}] {number}/{len(steps)} {name}"
-        if output.exists():
+    made_with = _read_json(folder / INPUTS) or {}
+    inputs = stage_inputs(target, other, same_draft, settings)
+    work = {"report": lambda: stage_report(target, other, settings, folder),
+            "transplant": lambda: stage_transplant(target, other, folder),
+            "data": lambda: stage_data(target, settings, folder),
+            "distill": lambda: stage_distill(target, other, settings, folder),
+            "prune": lambda: stage_prune(target, settings, folder),
+            "measure": lambda: stage_measure(target, other, same_draft, settings, folder, say)}
+    for number, name in enumerate(STAGES, start=1):
+        head, output = f"[{domain}] {number}/{len(STAGES)} {name}", folder / PRODUCTS[name][0]
+        changed = _changes(made_with.get(name), inputs[name])
+        if output.exists() and not changed:
             say(f"{head}: skipped, done before ({output.relative_to(folder)})")
             continue
+        if output.exists():
+            say(f"{head}: done before with other inputs ({changed}); doing it and the stages after it again")
+        for later in STAGES[number:]:  # made from this stage's old output
+            for product in PRODUCTS[later]:
+                cache.remove(folder / product)
+        cache.remove(output)
         _remove_partials(output)
         say(f"{head} ...")
         start = time.perf_counter()
-        summary = work()
-        times[name] = round(time.perf_counter() - start, 1)
+        summary = work[name]()
+        times[name], made_with[name] = round(time.perf_counter() - start, 1), inputs[name]
         cache.write_text(folder / "stage_times.json", json.dumps(times, indent=1))
+        cache.write_text(folder / INPUTS, json.dumps(made_with, indent=1))
         say(f"{head}: {summary} ({times[name]:.0f} s)")
     return [Row(**r) for r in _read_json(folder / "results.json")["rows"]]
+
+
+def stage_inputs(target, other, same_draft: str, settings: RecipeSettings) -> dict[str, dict]:
+    """What each stage's output depends on besides the stages before it (JSON values; prompts as digests)."""
+    return {
+        "report": {"target": target.name, "dtype": str(target.dtype), "other draft": other.name,
+                   "texts": _digest(settings.texts)},
+        "transplant": {},
+        "data": {"training prompts": _digest(settings.train), "max_new_tokens": settings.max_new_tokens,
+                 "samples": settings.samples, "sample_temperature": settings.sample_temperature,
+                 "generation_batch": settings.generation_batch},
+        "distill": asdict(settings.distill),
+        "prune": {"most_frequent": settings.most_frequent},
+        "measure": {"held-out prompts": _digest(settings.held_out), "same draft": same_draft, "k": settings.k,
+                    "measure_max_new_tokens": settings.measure_max_new_tokens},
+    }
+
+
+def _digest(value) -> dict:
+    """A fingerprint of a long input for the record (a dict, so that a change reads "changed", not two hashes)."""
+    return {"sha256": hashlib.sha256(json.dumps(value, ensure_ascii=False).encode()).hexdigest()[:16]}
+
+
+def _changes(before: dict | None, now: dict) -> str:
+    """'' when a stage's recorded inputs are `now`, else what changed, e.g. "steps 100 -> 150"."""
+    if before is None:
+        return "no record of its inputs"
+    return ", ".join(f"{key} changed" if isinstance(value, dict) else f"{key} {before.get(key)} -> {value}"
+                     for key, value in now.items() if before.get(key) != value)
 
 
 def stage_report(target, other, settings: RecipeSettings, folder: Path) -> str:
@@ -160,17 +211,31 @@ def stage_distill(target, other, settings: RecipeSettings, folder: Path) -> str:
 
     draft = load_model(str(folder / "transplant"), dtype=target.dtype)
     held_out = settings.held_out if settings.distill.eval_every else []
+    data = _data(target, settings, folder)
+    continued = _continue_or_restart(folder / "distill" / "checkpoint", settings.distill, data)
     report = distill_to_folder(target, draft, settings.train, held_out, settings.distill,
-                               folder / "distill", max_new_tokens=settings.max_new_tokens, resume=True,
-                               data=_data(target, settings, folder))
+                               folder / "distill", max_new_tokens=settings.max_new_tokens, resume=True, data=data)
     registered = aligned.register_distilled(folder / "distill" / "draft", report, domain=folder.name,
                                             name=_registry_name(other, folder),
                                             target=aligned.loaded_id(target), source=aligned.loaded_id(other))
     first, last = report.losses[0], report.losses[-1]
     checked = (f", held-out α̂ {report.evals[0]['acceptance_rate']:.3f} -> {report.evals[-1]['acceptance_rate']:.3f}"
                if report.evals else "")
-    return (f"{settings.distill.steps} steps, loss {first['loss']:.2f} -> {last['loss']:.2f}{checked}; "
+    return (f"{settings.distill.steps} steps{continued}, loss {first['loss']:.2f} -> {last['loss']:.2f}{checked}; "
             f"registered as aligned:{registered.name}")
+
+
+def _continue_or_restart(checkpoint: Path, config: DistillConfig, data) -> str:
+    """Keep the checkpoint when this run can continue it (same training settings and data, at most `steps` done),
+    else remove it. Returns what the stage summary says about it."""
+    saved = checkpoint_report(checkpoint)
+    if saved is None:
+        return ""
+    conflict = resume_conflict(saved, DistillReport(asdict(config), len(data), 0, 0, data=data_fingerprint(data)))
+    if conflict:
+        cache.remove(checkpoint)
+        return f" (started again: {conflict})"
+    return f" (continued from step {saved.steps_done})"
 
 
 def stage_prune(target, settings: RecipeSettings, folder: Path) -> str:

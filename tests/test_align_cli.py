@@ -111,6 +111,43 @@ def test_experiment_runs_every_stage_and_writes_the_table(folders, capsys):
     assert capsys.readouterr().out.count("skipped, done before") == 6
 
 
+def test_a_rerun_with_other_settings_redoes_what_they_change_and_every_later_stage(folders, capsys):
+    """More steps continue distillation from its checkpoint; another lr or fewer steps start it again; a measuring
+    setting redoes only the measurement. Stages before the change are skipped; every later one runs again."""
+    out = folders["root"] / "changed"
+    args = experiment_args(folders, out)
+    domain = out / "prompts"
+    assert main(args) == 0
+    capsys.readouterr()
+    first_losses = json.loads((domain / "distill" / "report.json").read_text())["losses"]
+
+    def rerun(*extra) -> str:
+        assert main(args + list(extra)) == 0
+        return capsys.readouterr().out
+
+    printed = rerun("--steps", "5")
+    assert all(f"[prompts] {stage}: skipped" in printed for stage in ("1/6 report", "2/6 transplant", "3/6 data"))
+    assert ("[prompts] 4/6 distill: done before with other inputs (steps 3 -> 5); doing it and the stages after it "
+            "again") in printed
+    assert "4/6 distill: 5 steps (continued from step 3), loss" in printed
+    assert "[prompts] 5/6 prune: " in printed and "[prompts] 6/6 measure: 6 drafts measured" in printed
+    report = json.loads((domain / "distill" / "report.json").read_text())
+    assert report["steps_done"] == 5 and report["losses"][:3] == first_losses
+    assert aligned.find("aligned:" + aligned.name_for("other-prompts")).steps == 5
+
+    printed = rerun("--steps", "5", "--lr", "0.01")
+    assert "4/6 distill: 5 steps (started again: lr was 0.0002 there, 0.01 now)" in printed
+    assert json.loads((domain / "distill" / "report.json").read_text())["losses"][0]["step"] == 1
+    printed = rerun("--steps", "2", "--lr", "0.01")
+    assert "4/6 distill: 2 steps (started again: it has trained 5 steps, more than the 2 asked)" in printed
+    assert json.loads((domain / "distill" / "report.json").read_text())["steps_done"] == 2
+
+    printed = rerun("--steps", "2", "--lr", "0.01", "--k", "2")
+    assert printed.count("skipped, done before") == 5 and "6/6 measure: done before with other inputs (k 3 -> 2)" in printed
+    assert json.loads((domain / "results.json").read_text())["k"] == 2
+    assert rerun("--steps", "2", "--lr", "0.01", "--k", "2").count("skipped, done before") == 6
+
+
 def test_experiment_refuses_the_distill_only_on_policy_option(folders, capsys):
     """The recipe trains on the target's continuations only: an option it would ignore is refused, not dropped."""
     with pytest.raises(SystemExit) as refused:

@@ -63,6 +63,9 @@ def test_a_new_run_never_replaces_an_old_one_silently(setup, straight, capsys):
     assert "already holds a run" in capsys.readouterr().err and (out / "report.json").read_bytes() == before
     assert main(arguments(setup, out, "--resume", "--lr", "5e-3")) == 1
     assert "lr was 0.01 there, 0.005 now" in capsys.readouterr().err
+    assert main(arguments(setup, out, "--resume", "--steps", str(STEPS - 2))) == 1  # would return a longer run
+    assert f"it has trained {STEPS} steps, more than the {STEPS - 2} asked" in capsys.readouterr().err
+    assert (out / "report.json").read_bytes() == before
 
 
 def test_overwrite_replaces_the_old_run(setup, tmp_path):

@@ -2,8 +2,9 @@
 
 A domain-shift experiment at small scale: does a draft with another tokenizer collapse on domain text, and do
 alignment, distillation and a pruned draft vocabulary bring it back? Stages (tokenizer report, transplant,
-target data, distillation, pruned vocabulary, measurement) are cached in --out/DOMAIN/ and skipped once done,
-so a killed run continues where it stopped (`specdec.recipe`). The table compares, on held-out prompts:
+target data, distillation, pruned vocabulary, measurement) are cached in --out/DOMAIN/ and skipped once done
+with the same settings, so a killed run continues where it stopped; a rerun with other settings does again the
+stages they change and the ones after them (`specdec.recipe`). The table compares, on held-out prompts:
   (a) the same-family draft; (b) a draft of another family, ids fed naively; (c) through the text bridge;
   (d) transplanted onto the target's tokenizer by token string; (e) (d) distilled; (f) (e) with a pruned
   vocabulary (`MODEL@vocab=FILE`). Measurement is heavy: run it when nothing else is timing on the machine.
@@ -49,7 +50,7 @@ def register(subparsers) -> None:
                    batch_size=RECIPE_DISTILL.batch_size, temperature=RECIPE_DISTILL.temperature,
                    eval_every=RECIPE_DISTILL.eval_every, eval_limit=6, max_new_tokens=defaults.max_new_tokens)
     e.add_argument("--out", default="runs/align-distill",
-                   help="run folder, one subfolder per domain (a rerun skips the stages already done)")
+                   help="run folder, one subfolder per domain (a rerun skips the stages done with the same settings)")
     e.set_defaults(func=run)
     t = experiments.add_parser("transplant-check", help="bits per character of a draft before/after transplant "
                                                         "(string vs index); loads the draft and the target tokenizer only")
