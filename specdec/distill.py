@@ -528,15 +528,16 @@ def checkpoint_report(checkpoint: Path) -> DistillReport | None:
     return DistillReport(**json.loads((saved / STATE_FILE).read_text())) if saved is not None else None
 
 
-def resume_conflict(saved: DistillReport, fresh: DistillReport) -> str | None:
-    """Why a run with `fresh`'s settings and data cannot continue the checkpoint of `saved` (None: it can)."""
+def resume_conflict(saved: DistillReport, config: dict, data: str) -> str | None:
+    """Why a run with `config` (a DistillConfig as a dict) on data of fingerprint `data` cannot continue the
+    checkpoint whose report is `saved` (None: it can)."""
     for name in TRAINING_SETTINGS:
-        if saved.config[name] != fresh.config[name]:
-            return f"{name} was {saved.config[name]!r} there, {fresh.config[name]!r} now"
-    if saved.data != fresh.data:
+        if saved.config[name] != config[name]:
+            return f"{name} was {saved.config[name]!r} there, {config[name]!r} now"
+    if saved.data != data:
         return "the training data differ (other prompts, split, limit, continuation length or --on-policy)"
-    if saved.steps_done > fresh.config["steps"]:
-        return f"it has trained {saved.steps_done} steps, more than the {fresh.config['steps']} asked"
+    if saved.steps_done > config["steps"]:
+        return f"it has trained {saved.steps_done} steps, more than the {config['steps']} asked"
     return None
 
 
@@ -545,7 +546,7 @@ def _resumed(saved: Path, fresh: DistillReport, draft_model, optimizer) -> Disti
     from safetensors.torch import load_model
 
     report = checkpoint_report(saved.parent)
-    conflict = resume_conflict(report, fresh)
+    conflict = resume_conflict(report, fresh.config, fresh.data)
     if conflict:
         raise ValueError(f"cannot resume {saved.parent}: {conflict}; use the same settings, or another run folder")
     load_model(draft_model, str(saved / "draft.safetensors"))

@@ -39,7 +39,7 @@ from typing import Callable
 
 from .align import save_aligned, tokenizer_report, transplant_vocabulary
 from .costs import calibrate
-from .distill import (DistillConfig, DistillReport, cached_examples, checkpoint_report, data_fingerprint,
+from .distill import (DistillConfig, cached_examples, checkpoint_report, data_fingerprint,
                       generate_examples, resume_conflict)
 from .drafters import NaiveCrossVocabDrafter, TextBridgeDrafter, from_spec
 from .drafters.pruned import MOST_FREQUENT, VOCAB_SEPARATOR, build_vocabulary, save_vocabulary
@@ -231,7 +231,7 @@ def _continue_or_restart(checkpoint: Path, config: DistillConfig, data) -> str:
     saved = checkpoint_report(checkpoint)
     if saved is None:
         return ""
-    conflict = resume_conflict(saved, DistillReport(asdict(config), len(data), 0, 0, data=data_fingerprint(data)))
+    conflict = resume_conflict(saved, asdict(config), data_fingerprint(data))
     if conflict:
         cache.remove(checkpoint)
         return f" (started again: {conflict})"
