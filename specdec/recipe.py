@@ -52,7 +52,7 @@ from .trace import measured_speedup, pooled_stats
 STAGES = ("report", "transplant", "data", "distill", "prune", "measure")
 BATCH_CHECKS = 2  # batched training rows regenerated one at a time to check they are the same
 # the recipe's distillation, the CLI's defaults too (eval_every 0: the measure stage measures α̂)
-RECIPE_DISTILL = DistillConfig(steps=100, lr=2e-4, batch_size=4, eval_every=0)
+RECIPE_DISTILL = DistillConfig(steps=100, eval_every=0)
 Say = Callable[[str], None]
 
 
