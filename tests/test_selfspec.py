@@ -2,7 +2,6 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -10,6 +9,7 @@ import torch
 from scipy.stats import chisquare
 from transformers import AutoModelForCausalLM, Gemma3TextConfig, MistralConfig, Qwen3Config
 
+from faults import ROOT
 from specdec import autoregressive_generate, speculative_generate, theory
 from specdec.drafters import PromptLookupDraft
 from specdec.drafters.selfspec import SelfSpeculativeDraft, decoder_layers, layer_view, tensor_bytes
@@ -18,7 +18,6 @@ from specdec.measure import (Calibration, DraftMeasurement, _recommendation, cal
 from specdec.testing import tiny_model
 
 PROMPT = [5, 6, 7, 8, 9, 10, 5, 6]
-ROOT = Path(__file__).resolve().parents[1]
 OTHER_CONFIGS = {  # supported families that specdec.testing does not build
     "qwen3": Qwen3Config, "mistral": MistralConfig,
     "gemma3_text": lambda **kw: Gemma3TextConfig(head_dim=16, sliding_window=4, **kw),  # sliding-window layers
