@@ -8,7 +8,7 @@ import torch
 
 from specdec import distill as distill_module
 from specdec.distill import (DistillConfig, Example, cached_examples, distill, distill_loss, generate_examples,
-                             hard_labels, make_batch, soft_labels, speculative_distill_loss)
+                             make_batch, soft_labels, speculative_distill_loss)
 from specdec.testing import tiny_model
 
 
@@ -76,13 +76,29 @@ def test_bad_hyper_parameters():
 def test_batch_masks_prompt_and_padding():
     batch = make_batch([Example([5, 6], [7, 8, 9]), Example([5], [4])])
     assert batch.loss_mask.tolist() == [[False, True, True, True, False], [True, False, False, False, False]]
-    assert batch.next_ids[0].tolist() == [6, 7, 8, 9, -100] and batch.attention_mask[1].tolist() == [1, 1, 0, 0, 0]
+    assert batch.input_ids[0].tolist() == [5, 6, 7, 8, 9] and batch.attention_mask[1].tolist() == [1, 1, 0, 0, 0]
 
 
-def test_on_policy_rows_learn_the_targets_argmax():
-    batch = make_batch([Example([5], [7, 8]), Example([5], [7, 8], source="draft")])
-    target_argmax = torch.tensor([[9, 9, 9], [9, 9, 9]])
-    assert hard_labels(batch, target_argmax).tolist() == [[7, 8, -100], [9, 9, 9]]
+@pytest.mark.parametrize("source", ["target", "draft"])
+def test_the_hard_labels_are_the_targets_greedy_tokens_not_the_datas(source):
+    """Cross-entropy alone (alpha 0) on a continuation that is never the target's greedy choice: the draft
+    learns the target's choices at every position, not the continuation's tokens."""
+    target = tiny_model("llama", seed=0, vocab_size=48, hidden=32)
+    draft = tiny_model("llama", seed=5, vocab_size=48, hidden=32, layers=1)
+    prompt, continuation = [3, 4, 5], []
+    for _ in range(5):  # each token differs from what the target would choose after the tokens before it
+        continuation.append((int(greedy_tokens(target, prompt + continuation)[-1]) + 7) % 48)
+    ids = prompt + continuation
+    config = DistillConfig(steps=60, lr=1e-2, batch_size=1, alpha=0.0, top_k=None, eval_every=0)
+    distill(target, draft, [Example(prompt, continuation, source)], config=config)
+    positions = slice(len(prompt) - 1, len(ids) - 1)  # those that predict a continuation token
+    assert greedy_tokens(draft, ids)[positions].tolist() == greedy_tokens(target, ids)[positions].tolist()
+
+
+def greedy_tokens(model, ids: list[int]) -> torch.Tensor:
+    """[L] the model's argmax after each prefix of ids."""
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([ids])).logits[0].argmax(-1)
 
 
 def test_target_continuations_are_cached(tmp_path, monkeypatch):
