@@ -2,15 +2,14 @@
 
 Loss (knowledge distillation, Hinton et al. 2015, as a speculative-decoding draft loss):
     L = (1 - a) * CE(y, draft) + a * T^2 * D(P_target || P_draft),   defaults T = 2, a = 0.7,
-where D is the forward KL, or the reverse KL or total variation (DistillSpec, Zhou et al. 2023:
-acceptance is 1 - TV, Leviathan et al. 2023). y is the target's greedy token at each position: greedy
-verification accepts a draft token exactly when it equals that token, so the hard label is the target's
-choice, not the data's next token (they differ on sampled and draft-generated continuations; on 28 finance
-prompts outside the suite it raised greedy α̂ by 1.3 points at T = 2 and 1.4 at T = 1). The T^2 factor compensates
-the 1/T^2 gradient scale of temperature-softened KL targets; TV gets no such factor. Every term is a mean
-over real (unmasked) tokens;
-a plain `F.kl_div(..., reduction="batchmean")` divides a sum over all positions, padding included, by
-the batch size instead.
+where D is the forward KL, or the reverse KL or total variation (DistillSpec, Zhou et al. 2023: acceptance is
+1 - TV, Leviathan et al. 2023). y is the target's greedy token at each position: greedy verification accepts a
+draft token exactly when it equals that token, so the hard label is the target's choice, not the data's next
+token (they differ on sampled and draft-generated continuations; on 28 finance prompts outside the suite it
+raised greedy α̂ by 1.3 points at T = 2 and 1.4 at T = 1). The T^2 factor compensates the 1/T^2 gradient scale
+of temperature-softened KL targets; TV gets no such factor. Every term is a mean over real (unmasked) tokens;
+a plain `F.kl_div(..., reduction="batchmean")` divides a sum over all positions, padding included, by the
+batch size instead.
 
 Data (DistillSpec: train on what the target will really be asked): the target's own continuations of
 domain prompts, generated once and cached as jsonl of token ids; optionally the draft's own continuations
