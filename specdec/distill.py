@@ -517,7 +517,11 @@ def _save_checkpoint(checkpoint: Path, accelerator, trained, optimizer, report: 
 def checkpoint_report(checkpoint: Path) -> DistillReport | None:
     """The report saved with the newest checkpoint under `checkpoint` (no weights read), or None."""
     saved = latest_checkpoint(checkpoint)
-    return DistillReport(**json.loads((saved / STATE_FILE).read_text())) if saved is not None else None
+    return _saved_report(saved) if saved is not None else None
+
+
+def _saved_report(step_folder: Path) -> DistillReport:
+    return DistillReport(**json.loads((step_folder / STATE_FILE).read_text()))
 
 
 def resume_conflict(saved: DistillReport, config: dict, data: str) -> str | None:
@@ -537,7 +541,7 @@ def _resumed(saved: Path, fresh: DistillReport, draft_model, optimizer) -> Disti
     """The checkpoint's report (weights and optimizer restored) after checking it belongs to this run."""
     from safetensors.torch import load_model
 
-    report = checkpoint_report(saved.parent)
+    report = _saved_report(saved)  # the step folder LATEST named when this run started
     conflict = resume_conflict(report, fresh.config, fresh.data)
     if conflict:
         raise ValueError(f"cannot resume {saved.parent}: {conflict}; use the same settings, or another run folder")
