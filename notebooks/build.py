@@ -94,7 +94,7 @@ round produced, the output so far. And the check that makes it all worth it: gre
 output is token-for-token the target's own greedy output."""),
     new_code_cell("""\
 from specdec import autoregressive_generate
-from specdec.report import format_stats, format_table, round_rows
+from specdec.lab.report import format_stats, format_table, round_rows
 result = speculative_generate(target, draft, prompt, k=k, max_new_tokens=30)
 print(format_table(round_rows(result, tokenizer)[:10]))
 print()
@@ -107,7 +107,7 @@ assert result.token_ids == alone.token_ids
 print("\\nsame tokens as the target alone:", result.token_ids == alone.token_ids)"""),
     new_markdown_cell("""\
 Mean accepted length counts the target's own token (1 + accepted / rounds); "accepted draft tokens per
-round" (0..k) does not. Every metric is defined once in `specdec/trace.py` (and README's metrics table).
+round" (0..k) does not. Every metric is defined once in `specdec/core/trace.py` (and README's metrics table).
 
 **Next:** [02 — why rejection sampling is lossless](02_lossless_rejection_sampling.ipynb)"""),
 ]
@@ -126,10 +126,10 @@ P(emit y) = p_draft(y)·min(1, p_target(y)/p_draft(y)) + P(reject)·residual(y)
 
 because 1 − Σ min(p_draft, p_target) = Σ max(0, p_target − p_draft), the residual's normaliser.
 The acceptance probability is β = Σ_x min(p_draft(x), p_target(x)) = 1 − TV(p_draft, p_target).
-Below we draw many times with specdec's own functions (`specdec.verify`) and compare."""),
+Below we draw many times with specdec's own functions (`specdec.core.verify`) and compare."""),
     new_code_cell("""\
 import torch
-from specdec.verify import acceptance_probability, residual_distribution, verify_sampling
+from specdec.core.verify import acceptance_probability, residual_distribution, verify_sampling
 p_target = torch.tensor([0.05, 0.40, 0.25, 0.20, 0.10])  # the law we must reproduce
 p_draft = torch.tensor([0.30, 0.30, 0.05, 0.05, 0.30])  # a draft that is quite wrong
 print("acceptance probability per token, min(1, p_target/p_draft):", acceptance_probability(p_target, p_draft))
@@ -223,7 +223,7 @@ forward costs one step; where it costs v(k+1) > 1 steps the prediction is
 is outside both formulas: that is the gap between prediction and measurement."""),
     new_code_cell("""\
 from specdec import theory
-from specdec.advisor import advise
+from specdec.costs.advisor import advise
 print("tokens per round (1-α^(k+1))/(1-α):")
 print("α \\\\ k " + "".join(f"{k:>7}" for k in range(1, 9)))
 for alpha in (0.5, 0.7, 0.8, 0.9):
@@ -237,13 +237,13 @@ print("\\nLeviathan Table 1 check (c=0): α=0.8,k=5 ->", round(theory.expected_t
     new_markdown_cell("""\
 ## A real (tiny) benchmark run
 
-`specdec.bench.run_bench` times target-alone, ours and Hugging Face assisted generation on the same
+`specdec.lab.bench.run_bench` times target-alone, ours and Hugging Face assisted generation on the same
 prompts. Three drafts: the target itself (α = 1), a noisy copy, and an unrelated random model."""),
     new_code_cell("""\
 import tempfile
 import torch
-from specdec.bench import BenchConfig, contender, run_bench, summarise, advice_rows
-from specdec.suites import load_suite
+from specdec.lab.bench import BenchConfig, contender, run_bench, summarise, advice_rows
+from specdec.core.suites import load_suite
 from specdec.testing import tiny_model, perturbed_copy
 torch.set_num_threads(1)
 target = tiny_model("llama", seed=0)

@@ -1,12 +1,12 @@
 """specdec: a speculative-decoding lab — see, measure and fix speculative decoding.
 
 Public API: `speculative_generate`, `autoregressive_generate`, the trace types `Round`,
-`DecodeStats`, `GenerationResult`, the drafter interface, and `specdec.theory`.
+`DecodeStats`, `GenerationResult`, the drafter interface, and `specdec.core.theory`.
 """
-from . import theory
-from .drafters import Drafter, ModelDrafter, NoDraft, Proposal, SamplingPolicy
-from .engine import autoregressive_generate, speculative_generate
-from .trace import DecodeStats, GenerationResult, Round
+from specdec.core import theory
+from specdec.core.drafter import Drafter, ModelDrafter, NoDraft, Proposal, SamplingPolicy
+from specdec.core.engine import autoregressive_generate, speculative_generate
+from specdec.core.trace import DecodeStats, GenerationResult, Round
 
 __all__ = [
     "speculative_generate", "autoregressive_generate", "GenerationResult", "Round", "DecodeStats",

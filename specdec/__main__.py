@@ -1,3 +1,3 @@
-from .cli import main
+from specdec.cli import main
 
 raise SystemExit(main())

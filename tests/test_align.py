@@ -4,9 +4,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specdec import autoregressive_generate, speculative_generate
-from specdec.align import (bits_per_character, compare_words, format_report, piece_sources, save_aligned, shared_token_map,
-                           token_texts, tokenizer_report, transplant_vocabulary)
-from specdec.testing import TINY_CORPUS, tiny_model, tiny_bpe_tokenizer
+from specdec.drafters.tokenizers import compare_words, format_report, shared_token_map, token_texts, tokenizer_report
+from specdec.testing import TINY_CORPUS, tiny_bpe_tokenizer, tiny_model
+from specdec.training.align import bits_per_character, piece_sources, save_aligned, transplant_vocabulary
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from specdec.cli import main
 from specdec.models import aligned
-from specdec.testing import tiny_model, tiny_bpe_tokenizer
+from specdec.testing import tiny_bpe_tokenizer, tiny_model
 
 
 def save(folder, arch, seed, tokenizer, **kwargs):
@@ -179,14 +179,14 @@ def test_experiment_on_a_text_file_resumes_after_kills_and_skips_finished_stages
     args = experiment_args(folders, out)
     args[args.index("--prompts") + 1] = str(prompts)
     run = f"from specdec.cli import main\nmain({args!r})\n"
-    in_transplant = ("import specdec.align as align\noriginal = align.save_aligned\n"
+    in_transplant = ("import specdec.training.align as align\noriginal = align.save_aligned\n"
                      "def save_then_pause(*args, **kwargs):\n    original(*args, **kwargs)\n    pause()\n"
                      "align.save_aligned = save_then_pause\n")
     kill_at(in_transplant + run, "pause")
     domain = out / "domain"
     assert (domain / "report.json").exists() and not (domain / "transplant").exists()
     assert [p.name[:len("transplant.partial")] for p in domain.iterdir() if "partial" in p.name] == ["transplant.partial"]
-    kill_at(run, "specdec.recipe.stage_prune")
+    kill_at(run, "specdec.lab.recipe.stage_prune")
     assert (domain / "transplant").is_dir() and (domain / "distill" / "draft").is_dir()
     assert not (domain / "prune").exists() and not any("partial" in p.name for p in domain.rglob("*"))
     assert main(args) == 0

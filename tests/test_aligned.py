@@ -16,6 +16,7 @@ from specdec.dashboard.config import AppConfig
 from specdec.dashboard.hub import ModelHub
 from specdec.drafters import from_spec
 from specdec.models import ModelPool, aligned, load_draft, load_model
+from specdec.training import service
 from tiny_models import Progress
 
 PROMPT = "def add(a, b):"
@@ -72,7 +73,7 @@ def test_registry_round_trip_lists_per_target_and_labels(paths):
 
 def test_an_aligned_draft_loads_by_name_and_greedy_output_is_the_target_alone(paths):
     target, source = load_model(paths["target"]), load_model(paths["unaligned"])
-    made = aligned.transplant(target, source, name="tiny-code", domain="code")
+    made = service.transplant(target, source, name="tiny-code", domain="code")
     assert (made.target, made.source, made.method) == (str(Path(paths["target"]).resolve()),
                                                         str(Path(paths["unaligned"]).resolve()), "transplant")
     assert len(source.tokenizer) != len(target.tokenizer)  # the source itself is untouched
@@ -132,7 +133,7 @@ def test_prepare_creates_and_lists_an_aligned_draft_and_is_off_when_the_host_say
 
 def test_background_distillation_reports_progress_to_a_fresh_page_and_registers_the_result(paths, monkeypatch):
     reached, release = threading.Event(), threading.Event()
-    monkeypatch.setattr(aligned, "distil", _short(aligned.distil, reached, release))
+    monkeypatch.setattr(service, "distil", _short(service.distil, reached, release))
     hub = make_hub(paths)
     handlers.prepare_aligned(hub, paths["target"], paths["unaligned"], "code", "job", progress=Progress())
     assert "background" in handlers.start_distill(hub, "aligned:job", 3, progress=Progress())
@@ -155,7 +156,7 @@ def test_background_distillation_reports_progress_to_a_fresh_page_and_registers_
 
 
 def _short(distil, reached: threading.Event, release: threading.Event):
-    """aligned.distil on one prompt per category with 8-token continuations, pausing after step 2 until released."""
+    """service.distil on one prompt per category with 8-token continuations, pausing after step 2 until released."""
     def short(target, name, *, progress, **settings):
         def on_step(step, steps, record):
             progress(step, steps, record)

@@ -6,15 +6,17 @@ import html
 import gradio as gr
 import pytest
 
-from specdec import DecodeStats, Round, autoregressive_generate, theory
-from specdec.models import ModelPool, load_model
-from specdec.report import STAT_LINES
-from specdec.dashboard import figures, handlers
+from specdec import DecodeStats, Round, autoregressive_generate
+from specdec.core import theory
+from specdec.dashboard import handlers
 from specdec.dashboard.chips import chips_html
 from specdec.dashboard.config import AppConfig
 from specdec.dashboard.hub import ModelHub
 from specdec.dashboard.panels import definitions, stats_html
 from specdec.dashboard.runs import DecodeRequest, RunControl
+from specdec.lab import plots as figures
+from specdec.lab.report import STAT_LINES
+from specdec.models import ModelPool, load_model
 from tiny_models import Progress
 
 PROMPT = "今天天气"

@@ -4,8 +4,8 @@ import json
 import pytest
 import torch
 
-from specdec.distill import cached_examples, generate_batched, generate_examples
 from specdec.testing import tiny_model
+from specdec.training.distill import cached_examples, generate_batched, generate_examples
 
 PROMPTS = [[1, 5, 9], [1, 7, 3, 19, 22, 4], [1, 30], [1, 8, 8, 8, 2, 11, 40]]
 

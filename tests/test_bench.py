@@ -4,15 +4,16 @@ import time
 
 import pytest
 
-from specdec import theory
-from specdec.advisor import advise, speedup_curve
-from specdec.limits import K_MAX
-from specdec.bench import (BenchConfig, advice_rows, contender, format_report, read_rows, run_bench,
-                           summarise, target_checks)
 from specdec.cli import main
-from specdec.suites import SUITES_DIR, available_suites, load_suite
+from specdec.core import theory
+from specdec.core.limits import K_MAX
+from specdec.core.suites import SUITES_DIR, available_suites, load_suite
+from specdec.core.trace import first_divergence
+from specdec.costs.advisor import advise, speedup_curve
+from specdec.lab.bench.run import BenchConfig, contender, run_bench
+from specdec.lab.bench.store import read_rows
+from specdec.lab.bench.summary import advice_rows, format_report, summarise, target_checks
 from specdec.testing import perturbed_copy, tiny_folder, tiny_model, tiny_tokenizer
-from specdec.trace import first_divergence
 
 TEXT_SUITES = ("chat", "code", "finance", "medical", "summarisation", "math", "translation")
 
@@ -200,7 +201,7 @@ def test_advice_prices_the_calibrated_verification_cost(tiny_run, slope, expect_
 def test_calibrations_of_a_test_run_land_in_its_tmp_cache_never_the_users(users_cache, tiny_target,
                                                                           tmp_path_factory):
     """`tests/conftest.py` points the cache at a tmp folder: a calibration writes there, not into `users_cache`."""
-    from specdec.costs import calibrate
+    from specdec.costs.calibration import calibrate
     from specdec.models.cache import root
 
     started = time.time()
@@ -221,7 +222,7 @@ def test_first_divergence():
 def test_cells_are_timed_by_the_shared_harness_first_output_median_time(monkeypatch):
     from types import SimpleNamespace
 
-    from specdec import measure
+    from specdec.lab import measure
 
     clock = iter([0.0, 5.0, 10.0, 11.0, 20.0, 22.0])  # three runs of 5 s, 1 s and 2 s
     monkeypatch.setattr(measure, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
@@ -292,7 +293,7 @@ def test_cli_bench_self_auto_benches_the_calibrated_layer_count(tmp_path, monkey
 @pytest.mark.parametrize("bounds, verdict", [((0.6, 0.5), True), ((0.6, 1.3), False)])
 def test_calibration_text_says_when_no_layer_count_can_pay_off(bounds, verdict):
     from specdec.cli.bench import calibration_text
-    from specdec.measure import Calibration, DraftMeasurement
+    from specdec.lab.measure import Calibration, DraftMeasurement
 
     results = [(layers, DraftMeasurement(f"self:{layers}", 0.5, 0.3, bound, 1.5, 1.0, 0.8))
                for layers, bound in zip((7, 14), bounds)]

@@ -5,7 +5,7 @@ from transformers import PreTrainedTokenizerFast
 
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters import NaiveCrossVocabDrafter, TextBridgeDrafter
-from specdec.testing import tiny_model, tiny_bpe_tokenizer
+from specdec.testing import tiny_bpe_tokenizer, tiny_model
 
 PROMPT = "def price(option, curve):\n    return"
 

@@ -4,11 +4,13 @@ import copy
 import pytest
 import torch
 
-from specdec import autoregressive_generate, speculative_generate, theory
-from specdec.costs import CostModel, TargetCosts, assumed_costs, calibrate
+from specdec import autoregressive_generate, speculative_generate
+from specdec.core import theory
+from specdec.core.costmodel import CostModel, TargetCosts, assumed_costs
+from specdec.core.trace import GenerationResult, ROUNDING_NOISE, Round, explain_divergence
+from specdec.costs.calibration import calibrate
 from specdec.models import loading
 from specdec.testing import perturbed_copy, tiny_model
-from specdec.trace import ROUNDING_NOISE, GenerationResult, Round, explain_divergence
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12]
 
@@ -94,7 +96,7 @@ def greedy_round(token, top):
 
 
 def result_of(rounds):
-    from specdec.trace import DecodeStats
+    from specdec.core.trace import DecodeStats
     return GenerationResult([t for r in rounds for t in r.emitted_token_ids], rounds, DecodeStats.from_rounds(rounds, 0))
 
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-import specdec.trace
-from specdec.bench.run import metric_fields
-from specdec.report import STAT_LINES, format_stats
+import specdec.core.trace
 from specdec.dashboard import handlers, teach
 from specdec.dashboard.panels import definitions
 from specdec.dashboard.runs import RunControl
+from specdec.lab.bench.run import metric_fields
+from specdec.lab.report import STAT_LINES, format_stats
 from tiny_models import Progress
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,4 +65,4 @@ def test_the_theory_text_prices_c_per_step_and_does_not_call_k1_optimal():
     from specdec.dashboard.layout import THEORY_MD
 
     assert "one target step" in THEORY_MD and "k = 1 already wins" not in THEORY_MD
-    assert "one target step" in specdec.trace.__doc__
+    assert "one target step" in specdec.core.trace.__doc__

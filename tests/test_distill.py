@@ -6,10 +6,10 @@ import math
 import pytest
 import torch
 
-from specdec import distill as distill_module
-from specdec.distill import (DistillConfig, Example, cached_examples, distill, distill_loss, generate_examples,
-                             make_batch, soft_labels, speculative_distill_loss)
 from specdec.testing import tiny_model
+from specdec.training import distill as distill_module
+from specdec.training.distill import (DistillConfig, Example, cached_examples, distill, distill_loss,
+                                      generate_examples, make_batch, soft_labels, speculative_distill_loss)
 
 
 def softmax(values):

@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from specdec import autoregressive_generate, speculative_generate
-from specdec.drafters import (HybridDrafter, ModelDrafter, NaiveCrossVocabDrafter, PromptLookupDraft,
-                              SamplingPolicy, SelfSpeculativeDraft, TextBridgeDrafter, from_spec)
+from specdec.drafters import (HybridDrafter, ModelDrafter, NaiveCrossVocabDrafter, PromptLookupDraft, SamplingPolicy,
+                              SelfSpeculativeDraft, TextBridgeDrafter, from_spec)
 from specdec.models import LoadedModel
 from specdec.testing import perturbed_copy, tiny_model
 from test_sampling import TEMPERATURE, TOP_P, chi_square_p_value, draw_first_two, exact_law_of_two_tokens

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from specdec import autoregressive_generate, speculative_generate, theory
+from specdec import autoregressive_generate, speculative_generate
+from specdec.core import theory
 from specdec.drafters import Drafter
 from specdec.testing import ARCHITECTURES, perturbed_copy, tiny_model
 
@@ -173,14 +174,14 @@ def test_k_auto_is_lossless(models):
 
 
 def synthetic_round(num_drafted, num_accepted, draft_time, target_time):
-    from specdec.trace import Round
+    from specdec.core.trace import Round
     return Round([0] * num_drafted, [], [], [True] * num_accepted + [False] * (num_drafted - num_accepted),
                  num_accepted, 0, [], draft_time, target_time, num_drafted)
 
 
 def test_k_auto_follows_the_optimal_k_of_what_it_measured():
-    from specdec.limits import K_AUTO_MAX, K_AUTO_START
-    from specdec.schedule import AdaptiveK
+    from specdec.core.limits import K_AUTO_MAX, K_AUTO_START
+    from specdec.core.schedule import AdaptiveK
     cheap_and_good, costly_and_poor = AdaptiveK(), AdaptiveK()
     assert cheap_and_good.next_k() == K_AUTO_START
     for _ in range(20):
@@ -191,8 +192,8 @@ def test_k_auto_follows_the_optimal_k_of_what_it_measured():
 
 
 def test_k_auto_prices_verification_with_the_calibrated_curve():
-    from specdec.costs import CostModel, TargetCosts
-    from specdec.schedule import AdaptiveK
+    from specdec.core.costmodel import CostModel, TargetCosts
+    from specdec.core.schedule import AdaptiveK
     flat = CostModel(TargetCosts(0.1, [1.0] * 9, "test"), 0.05, "test")
     steep = CostModel(TargetCosts(0.1, [1.0 + 0.6 * n for n in range(9)], "test"), 0.05, "test")
     controllers = {"flat": AdaptiveK(flat), "steep": AdaptiveK(steep)}
@@ -207,7 +208,7 @@ def test_k_auto_prices_verification_with_the_calibrated_curve():
 
 
 def test_k_auto_falls_back_to_plain_steps_and_probes_again():
-    from specdec.schedule import PROBE_AFTER, AdaptiveK
+    from specdec.core.schedule import PROBE_AFTER, AdaptiveK
     controller = AdaptiveK()
     chosen = []
     for _ in range(3 * PROBE_AFTER):

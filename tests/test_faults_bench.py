@@ -38,7 +38,7 @@ def keys(found):
 
 def test_a_bench_killed_between_cells_resumes_without_losing_or_repeating_one(setup, monkeypatch):
     target, draft, out = setup
-    kill_at(f"from specdec.cli import main; main({argv(target, draft, out)!r})", "specdec.bench.run.append_row",
+    kill_at(f"from specdec.cli import main; main({argv(target, draft, out)!r})", "specdec.lab.bench.run.append_row",
             call=2)
     assert len(rows(out)) == 1  # the first cell was on disk when the kill came
     first = rows(out)[0]

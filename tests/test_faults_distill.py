@@ -110,7 +110,7 @@ def test_a_mistyped_local_path_is_a_missing_folder_never_a_hub_id(tmp_path, monk
 
 
 def test_a_continuation_line_cut_by_a_kill_is_generated_again(tmp_path):
-    from specdec.distill import cached_examples
+    from specdec.training.distill import cached_examples
     from specdec.testing import tiny_model
 
     target = tiny_model("llama", seed=0, vocab_size=48, hidden=32)

@@ -11,7 +11,7 @@ import pytest
 from specdec.dashboard import handlers
 from specdec.dashboard.config import AppConfig
 from specdec.dashboard.hub import ModelHub
-from specdec.dashboard.runs import SEED_MAX, DecodeRequest, RunControl, StopToken, stream
+from specdec.dashboard.runs import DecodeRequest, RunControl, SEED_MAX, StopToken, stream
 from specdec.models import ModelPool
 from tiny_models import write_tiny_models
 

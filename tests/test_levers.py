@@ -1,16 +1,15 @@
-"""Per-forward overhead levers (specdec.levers) and the time breakdown (specdec.breakdown) on tiny models: each
+"""Per-forward overhead levers (specdec.lab.levers) and the time breakdown (specdec.lab.breakdown) on tiny models: each
 lever keeps the output, the preallocated cache obeys the one rollback rule, the groups partition the profiled
 time, and `profile --levers / --breakdown` run. Nothing here asserts a speed."""
 import pytest
 import torch
 
 from specdec import autoregressive_generate, speculative_generate
-from specdec import breakdown, levers
 from specdec.cli import main
-from specdec.kv import CachedLM
-from specdec.levers import PreallocatedCache, PreallocatedLayer, compare_levers, preallocated_cache
-from specdec.models import apply_speed_levers
-from specdec.models import quant
+from specdec.core.kv import CachedLM
+from specdec.lab import breakdown, levers
+from specdec.lab.levers import PreallocatedCache, PreallocatedLayer, compare_levers, preallocated_cache
+from specdec.models import apply_speed_levers, quant
 from specdec.models.quant import quantize_int8
 from specdec.testing import perturbed_copy, tiny_model
 

@@ -5,9 +5,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from specdec.bench import llamacpp
 from specdec.cli import bench as bench_cli
-from specdec.suites import Prompt
+from specdec.core.suites import Prompt
+from specdec.lab.bench import llamacpp
 
 BENCH_OUT = '[{"model_type": "qwen2 1.5B Q4_K - Medium", "n_gen": 16, "avg_ts": 29.7, "stddev_ts": 0.3}]'
 SPEC_OUT = """def quicksort(arr):

@@ -10,9 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from specdec import autoregressive_generate, speculative_generate
-from specdec.models import (LoadedModel, ModelPool, add_model_arguments, catalogue, check_pair, load_draft,
+from specdec.models import (LoadedModel, ModelPool, add_model_arguments, cache, catalogue, check_pair, hub, load_draft,
                             load_model, transpose_head_storage)
-from specdec.models import cache, hub
 from specdec.testing import WORDS, tiny_folder, tiny_model, tiny_tokenizer
 
 @pytest.fixture(autouse=True)

@@ -4,8 +4,8 @@ import json
 import pytest
 
 from specdec.cli import main
-from specdec.probe import probe, sample_prompts
-from specdec.suites import load_suite
+from specdec.core.suites import load_suite
+from specdec.lab.probe import probe, sample_prompts
 from specdec.testing import tiny_folder, tiny_model, tiny_tokenizer
 
 

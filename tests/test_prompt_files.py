@@ -6,7 +6,7 @@ import json
 import pytest
 
 from specdec.cli import main
-from specdec.suites import HOLD_OUT_EVERY, has_held_out, load_suite, split_note
+from specdec.core.suites import HOLD_OUT_EVERY, has_held_out, load_suite, split_note
 from specdec.testing import tiny_folder
 
 LINES = ["def print the a", "return if else", "for while in range", "the a of to", "and is def",

@@ -6,9 +6,10 @@ import torch
 
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters import ModelDrafter, PrunedVocabularyDrafter, SamplingPolicy, from_spec
-from specdec.drafters.pruned import build_vocabulary, load_vocabulary, save_vocabulary
+from specdec.drafters.pruned import load_vocabulary
 from specdec.models import LoadedModel
 from specdec.testing import perturbed_copy, tiny_model
+from specdec.training.prune import build_vocabulary, save_vocabulary
 from test_sampling import TEMPERATURE, TOP_P, chi_square_p_value, draw_first_two, exact_law_of_two_tokens
 
 PROMPT = [1, 7, 3, 19]

@@ -1,4 +1,4 @@
-"""specdec.quality and `python -m specdec quality` on tiny models: the same model agrees everywhere, a perturbed
+"""specdec.lab.quality and `python -m specdec quality` on tiny models: the same model agrees everywhere, a perturbed
 one matches a hand computation, the reference text is generated once, rows pool by tokens, bad input is one line."""
 import copy
 import json
@@ -7,11 +7,12 @@ import math
 import pytest
 import torch
 
-from specdec import distill, quality
 from specdec.cli import main
-from specdec.quality import PromptScores, measure_quality, pool, read_prompts, report_of
-from specdec.suites import Prompt
+from specdec.core.suites import Prompt
+from specdec.lab import quality
+from specdec.lab.quality import PromptScores, measure_quality, pool, read_prompts, report_of
 from specdec.testing import perturbed_copy, tiny_model
+from specdec.training import distill
 
 N = 8  # continuation length of the tests
 PROMPTS = [Prompt("p-1", "a", (1, 5, 9, 33, 17, 60, 4)), Prompt("p-2", "b", (1, 40, 41, 7, 7))]

@@ -8,12 +8,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from specdec import autoregressive_generate, speculative_generate
-from specdec.kv import CachedLM
-from specdec.models import apply_speed_levers, load_draft, load_model
-from specdec.models import quant
-from specdec.models.quant import ROWWISE_ATTENTION, Int8Linear, fbgemm_is_exact, quantize_int8, rowwise_attention
+from specdec.core.kv import CachedLM
+from specdec.core.trace import ROUNDING_NOISE
+from specdec.models import apply_speed_levers, load_draft, load_model, quant
+from specdec.models.quant import Int8Linear, ROWWISE_ATTENTION, fbgemm_is_exact, quantize_int8, rowwise_attention
 from specdec.testing import perturbed_copy, tiny_config, tiny_folder, tiny_model
-from specdec.trace import ROUNDING_NOISE
 
 ARCHS = ("llama", "qwen2", "gpt2")
 CONTEXT = [1, 5, 9, 33, 17, 60, 4]

@@ -4,9 +4,9 @@ import torch
 from scipy.stats import chisquare
 
 from specdec import autoregressive_generate, speculative_generate
+from specdec.core.verify import (acceptance_probability, logits_to_probs, residual_distribution, verify_greedy,
+                                 verify_sampling)
 from specdec.testing import perturbed_copy, tiny_model
-from specdec.verify import (acceptance_probability, logits_to_probs, residual_distribution, verify_greedy,
-                            verify_sampling)
 
 PROMPT = [1, 7, 3, 19]
 TEMPERATURE, TOP_P = 1.3, 0.95

@@ -10,11 +10,12 @@ from scipy.stats import chisquare
 from transformers import AutoModelForCausalLM, Gemma3TextConfig, MistralConfig, Qwen3Config
 
 from faults import ROOT
-from specdec import autoregressive_generate, speculative_generate, theory
+from specdec import autoregressive_generate, speculative_generate
+from specdec.core import theory
 from specdec.drafters import PromptLookupDraft
 from specdec.drafters.selfspec import SelfSpeculativeDraft, decoder_layers, layer_view, tensor_bytes
-from specdec.measure import (Calibration, DraftMeasurement, _recommendation, calibrate_layers, default_candidates,
-                             recommend_fallback)
+from specdec.lab.measure import (Calibration, DraftMeasurement, _recommendation, calibrate_layers, default_candidates,
+                                 recommend_fallback)
 from specdec.testing import tiny_model
 
 PROMPT = [5, 6, 7, 8, 9, 10, 5, 6]

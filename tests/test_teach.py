@@ -9,13 +9,14 @@ import gradio as gr
 import pytest
 import torch
 
-from specdec import autoregressive_generate, speculative_generate, theory
-from specdec.models import load_model
-from specdec.position import position_view
-from specdec.testing import perturbed_copy, tiny_model
-from specdec.waterfall import cost_waterfall, theory_steps
+from specdec import autoregressive_generate, speculative_generate
+from specdec.core import theory
+from specdec.costs.waterfall import cost_waterfall, theory_steps
 from specdec.dashboard import teach
 from specdec.dashboard.chips import chips_html, token_label
+from specdec.lab.position import position_view
+from specdec.models import load_model
+from specdec.testing import perturbed_copy, tiny_model
 from tiny_models import Progress
 
 PROMPT = "def price(option, curve):"

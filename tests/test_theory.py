@@ -1,7 +1,7 @@
-"""specdec.theory against Leviathan et al. 2023 (Table 1, Thm 3.8) and its limits."""
+"""specdec.core.theory against Leviathan et al. 2023 (Table 1, Thm 3.8) and its limits."""
 import pytest
 
-from specdec import theory
+from specdec.core import theory
 
 
 @pytest.mark.parametrize("alpha, k, expected", [(0.8, 5, 3.69), (0.6, 2, 1.96), (0.0, 4, 1.0), (1.0, 4, 5.0)])

@@ -27,8 +27,8 @@ def internal_labels(path: Path) -> list[str]:
 
 def test_the_user_facing_files_are_there():
     names = {p.relative_to(ROOT).as_posix() for p in user_facing_files()}
-    assert {"README.md", "app.py", "specdec/probe.py", "notebooks/build.py"} <= names
-    assert any(n.startswith("specdec/bench/") for n in names) and any(n.endswith(".ipynb") for n in names)
+    assert {"README.md", "app.py", "specdec/lab/probe.py", "notebooks/build.py"} <= names
+    assert any(n.startswith("specdec/lab/bench/") for n in names) and any(n.endswith(".ipynb") for n in names)
 
 
 def test_user_facing_text_has_no_internal_labels():

@@ -1,9 +1,10 @@
 """`python -m specdec align`: hard-clone the target's tokenizer into a draft (embedding transplant)."""
 from __future__ import annotations
 
-from ..align.transplant import save_aligned, transplant_vocabulary
-from ..inputs import vocab_size
-from ..models import add_model_arguments, aligned, load_model
+from specdec.core.inputs import vocab_size
+from specdec.models import aligned
+from specdec.models.loading import add_model_arguments, load_model
+from specdec.training.align import save_aligned, transplant_vocabulary
 
 
 def register(subparsers) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..limits import K_MAX
+from specdec.core.limits import K_MAX
 
 AUTO = "auto"  # --k auto: the engine chooses k each round from the measured costs
 

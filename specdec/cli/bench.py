@@ -13,16 +13,17 @@ from pathlib import Path
 
 import torch
 
-from ..bench import (BenchConfig, advice_rows, cells_to_run, contender, format_report, llamacpp, row_costs,
-                     run_bench, summarise)
-from ..bench.run import prompts_fingerprint
-from ..bench.store import check_run_folder, write_atomically
-from ..costs import calibrate
-from ..limits import K_AUTO_START, K_MAX
-from ..measure import Calibration, calibrate_layers
-from ..models import add_model_arguments, load_draft, load_model
-from ..suites import available_suites, encode, load_suite, split_note
-from .arguments import parse_k
+from specdec.cli.arguments import parse_k
+from specdec.core.limits import K_AUTO_START, K_MAX
+from specdec.core.suites import available_suites, encode, load_suite, split_note
+from specdec.costs.calibration import calibrate
+from specdec.lab.bench import llamacpp
+from specdec.lab.bench.run import BenchConfig, cells_to_run, contender, prompts_fingerprint, run_bench
+from specdec.lab.bench.store import check_run_folder, write_atomically
+from specdec.lab.bench.summary import advice_rows, format_report, row_costs, summarise
+from specdec.lab.measure import Calibration, calibrate_layers
+from specdec.lab.plots import speedup_curves
+from specdec.models.loading import add_model_arguments, load_draft, load_model
 
 SUMMARY_MD = "summary.md"
 CALIBRATION_JSON = "calibration.json"
@@ -89,7 +90,7 @@ def run(args) -> int:
 
 
 def llama_cpp_section(args, target, prompts, out: Path) -> str:
-    """llama.cpp on the same GGUF files and prompts, when its binaries are there (`specdec.bench.llamacpp`)."""
+    """llama.cpp on the same GGUF files and prompts, when its binaries are there (`specdec.lab.bench.llamacpp`)."""
     binaries = llamacpp.find_binaries()
     target_gguf = llamacpp.gguf_of(args.target)
     drafts = {spec: llamacpp.gguf_of(spec) for spec in args.draft}
@@ -114,7 +115,7 @@ def llama_cpp_section(args, target, prompts, out: Path) -> str:
 
 
 def calibrated(spec: str, draft, target):
-    """A contender with its pair's measured costs (v(n), c; cached per machine, `specdec.costs`)."""
+    """A contender with its pair's measured costs (v(n), c; cached per machine, `specdec.costs.calibration`)."""
     costs = calibrate(target, draft)
     print(f"costs of {spec}: v(2..{len(costs.target.verify)}) = "
           + " ".join(f"{v:.2f}" for v in costs.target.verify[1:]) + f", c = {costs.draft_cost:.3f}"
@@ -221,7 +222,6 @@ def _speedup_traces(summaries: list, pooled, costs) -> list:
     over every fixed k, None when no fixed k was measured) and the calibrated v(n), plus HF assisted."""
     import plotly.graph_objects as go
 
-    from ..dashboard.figures import speedup_curves
 
     fixed = sorted((s for s in summaries if s.k.isdigit()), key=lambda s: int(s.k))
     if not fixed or pooled is None:

@@ -7,16 +7,16 @@ with --resume and replaced only with --overwrite. Prompts and settings are check
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
-from ..align.transplant import save_aligned
-from ..distill import DIVERGENCES, DistillConfig, DistillReport, Example, cached_examples, distill, process_state
-from ..inputs import check_vocabularies
-from ..models import add_model_arguments, aligned, cache, load_draft, load_model
-from ..suites import Prompt, available_suites, encode, has_held_out, load_suite, split_note
+from specdec.core.inputs import check_vocabularies
+from specdec.core.suites import Prompt, available_suites, encode, has_held_out, load_suite, split_note
+from specdec.models import aligned, cache
+from specdec.models.loading import add_model_arguments, load_draft, load_model
+from specdec.training.distill import DIVERGENCES, DistillConfig, DistillReport
+from specdec.training.service import distill_to_folder
 
 RUN_OUTPUTS = ("checkpoint", "draft", "report.json", "loss.html")  # what a finished or started run leaves in --out
 
@@ -145,50 +145,3 @@ def register_draft(args, target, draft, report: DistillReport) -> None:
     print(f"registered as {aligned.PREFIX}{name}")
 
 
-def distill_to_folder(target, draft, train: list[list[int]], held_out: list[list[int]], config: DistillConfig,
-                      out: Path, *, max_new_tokens: int, on_policy: bool = False, resume: bool = False, on_step=None,
-                      data: list[Example] | None = None) -> DistillReport:
-    """Generate (or read) the data, distil with a progress bar, save draft/, report.json and loss.html.
-    on_step(step, steps, record): called after every optimizer step too (the dashboard's job registry).
-    data: training examples made by the caller (the aligned-draft recipe); else the target's greedy
-    continuations of `train`, cached in out/data/."""
-    from tqdm import tqdm
-
-    state = process_state()
-    with state.main_process_first():  # the main process generates the data; the others read its cache
-        data = data if data is not None else cached_examples(target, train, out / "data",
-                                                             max_new_tokens=max_new_tokens, model_name=target.name)
-        if on_policy:
-            data = data + cached_examples(draft, train, out / "data", max_new_tokens=max_new_tokens, source="draft",
-                                    model_name=draft.name)
-    bar = tqdm(total=config.steps, desc="distill", unit="step", disable=not state.is_main_process)
-    def progress(step: int, steps: int, record: dict) -> None:
-        bar.n = step
-        bar.set_postfix(loss=f"{record['loss']:.3f}")
-        if on_step is not None:
-            on_step(step, steps, record)
-    report = distill(target, draft, data, config=config, eval_prompts=held_out, checkpoint_dir=out / "checkpoint",
-                     resume=resume, progress=progress)
-    bar.close()
-    if state.is_main_process:
-        with cache.atomic_path(out / "draft") as folder:
-            save_aligned(draft.model, target.tokenizer, folder)
-        cache.write_text(out / "report.json", json.dumps(report.to_dict(), indent=1))
-        write_plot(report, out / "loss.html")
-    state.wait_for_everyone()  # every process returns once the folder is complete
-    return report
-
-
-def write_plot(report: DistillReport, path: Path) -> None:
-    """Loss curve and held-out acceptance, one HTML file (plotly loaded here only)."""
-    from plotly.subplots import make_subplots
-
-    figure = make_subplots(rows=2, cols=1, shared_xaxes=True,
-                           subplot_titles=("training loss (mean over continuation tokens)", "held-out greedy α̂"))
-    steps = [r["step"] for r in report.losses]
-    for name in ("loss", "ce", "divergence"):
-        figure.add_scatter(x=steps, y=[r[name] for r in report.losses], name=name, row=1, col=1)
-    figure.add_scatter(x=[e["step"] for e in report.evals], y=[e["acceptance_rate"] for e in report.evals],
-                       name="α̂", mode="lines+markers", row=2, col=1)
-    figure.update_xaxes(title_text="optimizer step", row=2, col=1)
-    cache.write_text(path, figure.to_html(include_plotlyjs=True))

@@ -4,7 +4,7 @@ A domain-shift experiment at small scale: does a draft with another tokenizer co
 alignment, distillation and a pruned draft vocabulary bring it back? Stages (tokenizer report, transplant,
 target data, distillation, pruned vocabulary, measurement) are cached in --out/DOMAIN/ and skipped once done
 with the same settings, so a killed run continues where it stopped; a rerun with other settings does again the
-stages they change and the ones after them (`specdec.recipe`). The table compares, on held-out prompts:
+stages they change and the ones after them (`specdec.lab.recipe`). The table compares, on held-out prompts:
   (a) the same-family draft; (b) a draft of another family, ids fed naively; (c) through the text bridge;
   (d) transplanted onto the target's tokenizer by token string; (e) (d) distilled; (f) (e) with a pruned
   vocabulary (`MODEL@vocab=FILE`). Measurement is heavy: run it when nothing else is timing on the machine.
@@ -15,14 +15,16 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from ..align import DEFAULT_TEXTS, bits_per_character, transplant_vocabulary
-from ..limits import K_MAX
-from ..models import add_model_arguments, default_name, load_model
-from ..recipe import RECIPE_DISTILL, RecipeSettings, markdown, run_recipe
-from ..suites import encode, load_suite
-from .arguments import parse_fixed_k
-from .distill import (add_distill_arguments, apply_threads, config_from, held_out_prompts, prompt_ids, read_prompts,
-                      say_split)
+from specdec.cli.arguments import parse_fixed_k
+from specdec.cli.distill import (add_distill_arguments, apply_threads, config_from, held_out_prompts, prompt_ids,
+                                 read_prompts, say_split)
+from specdec.core.limits import K_MAX
+from specdec.core.suites import encode, load_suite
+from specdec.drafters.tokenizers import DEFAULT_TEXTS
+from specdec.lab.recipe import RECIPE_DISTILL, RecipeSettings, markdown, run_recipe
+from specdec.models.entries import default_name
+from specdec.models.loading import add_model_arguments, load_model, prepare
+from specdec.training.align import bits_per_character, transplant_vocabulary
 
 
 def register(subparsers) -> None:
@@ -90,7 +92,6 @@ def run_transplant_check(args) -> int:
     """How much language modelling survives each transplant, before any distillation (no target model)."""
     from transformers import AutoTokenizer
 
-    from ..models.loading import prepare
 
     texts = [p.prompt for p in load_suite(args.prompts) if isinstance(p.prompt, str)] + list(DEFAULT_TEXTS)
     target_tokenizer = AutoTokenizer.from_pretrained(prepare(args.target)[0])

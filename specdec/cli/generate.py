@@ -4,13 +4,13 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from ..costs import calibrate
-from ..engine import autoregressive_generate, speculative_generate
-from ..limits import K_MAX
-from ..models import add_model_arguments, load_draft, load_model
-from ..report import baseline_lines, format_stats, format_table, is_bug, round_rows
-from ..trace import explain_divergence
-from .arguments import parse_k
+from specdec.cli.arguments import parse_k
+from specdec.core.engine import autoregressive_generate, speculative_generate
+from specdec.core.limits import K_MAX
+from specdec.core.trace import explain_divergence
+from specdec.costs.calibration import calibrate
+from specdec.lab.report import baseline_lines, format_stats, format_table, is_bug, round_rows
+from specdec.models.loading import add_model_arguments, load_draft, load_model
 
 BUG_EXIT = 3  # exit status when greedy output leaves the target's for a reason rounding cannot explain
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 import json
 import time
 
-from ..models import cache_root, catalogue
-from ..models.loading import prepare
+from specdec.models.cache import root as cache_root
+from specdec.models.entries import catalogue
+from specdec.models.loading import prepare
 
 COLUMNS = ("name", "roles", "tokenizer", "parameters", "licence", "status")
 

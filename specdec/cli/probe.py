@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from ..limits import K_MAX
-from ..models import add_model_arguments, load_draft, load_model
-from ..probe import check_threshold, probe, sample_prompts
-from ..suites import load_suite
-from .arguments import parse_fixed_k
+from specdec.cli.arguments import parse_fixed_k
+from specdec.core.limits import K_MAX
+from specdec.core.suites import load_suite
+from specdec.lab.probe import check_threshold, probe, sample_prompts
+from specdec.models.loading import add_model_arguments, load_draft, load_model
 
 BELOW_THRESHOLD = 2  # exit code when the acceptance rate is under the threshold
 

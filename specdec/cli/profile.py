@@ -1,7 +1,7 @@
 """`python -m specdec profile`: where a round's time goes on this machine.
 
 Prints the verification cost curve v(n) (a target forward over n new tokens, in one-token steps),
-the draft's cost c and the speedup they predict at a few acceptance rates (`specdec.costs`); with
+the draft's cost c and the speedup they predict at a few acceptance rates (`specdec.costs.calibration`); with
 `--kernels`, the Linear kernels behind them for the target's shapes (float32 F.linear, float32
 rows-first W @ x.T, bfloat16 F.linear) by rows.
 
@@ -13,16 +13,16 @@ counts), instead of the cost curve:
 
 `--levers` times the one-token step and the verification forward over 5 new tokens with no lever and with each
 lever alone, interleaved in one process (none, lever, lever, ..., none, ...; medians of --repeats), and checks
-each lever's greedy target-alone tokens against no lever (`specdec.levers`):
+each lever's greedy target-alone tokens against no lever (`specdec.lab.levers`):
 - static-cache: keys/values written in place into preallocated storage (transformers' DynamicCache copies the
-  whole cache with torch.cat every forward); rollbacks follow specdec.kv's one rule;
+  whole cache with torch.cat every forward); rollbacks follow specdec.core.kv's one rule;
 - compile: torch.compile of the model's forward, dynamic shapes; int8 GEMMs enter the graph as one custom op
   each (its compilation is the warm-up column, minutes on 2 cores; a failure to compile prints one line and the
   other levers carry on);
 - sdpa-math: scaled_dot_product_attention's math backend instead of the default kernel.
 The thread count stays the machine's. `--breakdown` profiles a few one-token steps and 5-token verifications
 with torch.profiler and prints the CPU time per forward by group (GEMM, linear overhead, attention,
-norms/rotary/elementwise, cache ops, other) and the top ops (`specdec.breakdown`).
+norms/rotary/elementwise, cache ops, other) and the top ops (`specdec.lab.breakdown`).
 """
 from __future__ import annotations
 
@@ -30,12 +30,12 @@ import functools
 
 import torch
 
-from .. import breakdown, levers
-from ..costs import calibrate
-from ..inputs import unwrap
-from ..limits import K_AUTO_MAX
-from ..measure import time_median, warm_up
-from ..models import add_model_arguments, load_draft, load_model
+from specdec.core.inputs import unwrap
+from specdec.core.limits import K_AUTO_MAX
+from specdec.costs.calibration import calibrate
+from specdec.lab import breakdown, levers
+from specdec.lab.measure import time_median, warm_up
+from specdec.models.loading import add_model_arguments, load_draft, load_model
 
 ALPHAS = (0.6, 0.8, 0.9)  # acceptance rates the predicted speedup is printed for
 KERNEL_ROWS = (1, 2, 5, 8)  # rows of the kernel table (tokens in one forward)

@@ -8,10 +8,11 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from ..models import add_model_arguments, load_model, resolve_dtype
-from ..models.cache import write_text
-from ..quality import Check, PromptScores, QualityReport, QualityRow, check_targets, measure_quality, read_prompts
-from ..suites import SPLITS
+from specdec.core.suites import SPLITS
+from specdec.lab.quality import (Check, PromptScores, QualityReport, QualityRow, check_targets, measure_quality,
+                                 read_prompts)
+from specdec.models.cache import write_text
+from specdec.models.loading import add_model_arguments, load_model, resolve_dtype
 
 NOT_MET = 2  # exit code when a given target is not met
 COLUMNS = ("category", "prompts", "tokens", "agreement %", "ppl reference", "ppl candidate", "ratio",

@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..align.report import DEFAULT_TEXTS, format_report, tokenizer_report
-from ..models import add_model_arguments, load_model
+from specdec.drafters.tokenizers import DEFAULT_TEXTS, format_report, tokenizer_report
+from specdec.models.loading import add_model_arguments, load_model
 
 
 def register(subparsers) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import html
 import re
 
-from specdec import Round
+from specdec.core.trace import Round
 
 KIND_HELP = {  # chip kind -> legend text
     "accepted": "accepted draft token",

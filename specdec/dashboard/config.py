@@ -25,14 +25,14 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from specdec.limits import K_UI_MAX
+from specdec.core.limits import K_UI_MAX
 
 SUMMARY_PROMPT = (  # a summary repeats the text's phrases: what prompt lookup drafts from
     "Text: The city council voted on Tuesday to extend the bicycle lane network by 40 kilometres over the next "
     "three years. The extension will connect the northern suburbs to the city centre and to the main railway "
     "station. The council said the project will cost 12 million euros and will be paid for by the regional "
     "transport fund.\n\nSummarise the text above in two sentences.\nSummary: The city council voted on Tuesday to")
-K_RANGE = (1, K_UI_MAX)  # draft tokens per round offered by the dashboard (specdec.limits)
+K_RANGE = (1, K_UI_MAX)  # draft tokens per round offered by the dashboard (specdec.core.limits)
 MODEL_DRAFTERS = ("lookup", "self:4", "self:8", "self:14")  # need no second model: prompt lookup, first L target layers
 DTYPES = ("auto", "float32", "bfloat16", "int8")
 

@@ -14,19 +14,21 @@ from typing import NamedTuple
 import gradio as gr
 import pandas as pd
 
-from specdec import GenerationResult, autoregressive_generate, speculative_generate
+from specdec.core.engine import autoregressive_generate, speculative_generate
+from specdec.core.limits import K_AUTO_MAX
+from specdec.core.suites import available_suites
+from specdec.core.trace import GenerationResult, measured_speedup
+from specdec.lab.report import STAT_LINES, baseline_lines
 from specdec.models import aligned
-from specdec.report import STAT_LINES, baseline_lines
-from specdec.suites import available_suites
-from specdec.limits import K_AUTO_MAX
-from specdec.trace import measured_speedup
+from specdec.training import service
 
-from . import figures, jobs, teach
-from .chips import chips_html
-from .config import PROMPTS
-from .hub import ModelHub, stages
-from .panels import round_table, stats_html
-from .runs import AUTO, DecodeRequest, RunControl, StopToken, partial_result, stream
+from specdec.dashboard import jobs, teach
+from specdec.dashboard.chips import chips_html
+from specdec.dashboard.config import PROMPTS
+from specdec.dashboard.hub import ModelHub, stages
+from specdec.dashboard.panels import round_table, stats_html
+from specdec.dashboard.runs import AUTO, DecodeRequest, RunControl, StopToken, partial_result, stream
+from specdec.lab import plots as figures
 
 SWEEP_KS = (1, 2, 3, 4, 6, 8, 10)  # k values of the theory tab's sweep
 
@@ -220,7 +222,7 @@ def theory_figure(alpha, c, slope, k_max, sweep: dict | None):
 def k_sweep(hub: ModelHub, target, draft, bridge, prompt, max_new_tokens, k_max, progress=gr.Progress(track_tqdm=True)):
     """Measure speedup at several k on one pair and prompt; yield (figure, α, c, v slope, table, sweep, status).
 
-    α and c are pooled over all rounds of the sweep; v(n) is the pair's calibration (`specdec.costs`).
+    α and c are pooled over all rounds of the sweep; v(n) is the pair's calibration (`specdec.costs.calibration`).
     """
     ks = [k for k in SWEEP_KS if k <= int(k_max)]
     request = DecodeRequest.from_inputs(target, draft, prompt, ks[-1], max_new_tokens).checked(hub.config)
@@ -283,7 +285,7 @@ def prepare_aligned(hub: ModelHub, target, source, domain, name, progress=gr.Pro
     name = aligned.check_name((name or "").strip() or aligned.name_for(f"{Path(source or '').name}-{domain}"))
     target_model = hub.target(target, progress=progress)
     source_model = hub.model(source, "draft", progress=progress)
-    card = aligned.transplant(target_model, source_model, name=name, domain=domain, progress=stages(progress))
+    card = service.transplant(target_model, source_model, name=name, domain=domain, progress=stages(progress))
     return (f"prepared **{aligned.label(card)}**: pick `{card.spec}` in a draft list, or distil it below",
             gr.update(choices=distillable(hub), value=card.spec))
 
@@ -300,7 +302,7 @@ def start_distill(hub: ModelHub, spec, steps, progress=gr.Progress()) -> str:
     if not 1 <= steps <= cap:
         raise ValueError(f"steps must be an integer in 1..{cap} on this host (SPECDEC_MAX_DISTILL_STEPS)")
     target_model = hub.target(card.target, progress=progress)
-    jobs.start(card.name, steps, lambda on_step: aligned.distil(target_model, card.name, steps=steps,
+    jobs.start(card.name, steps, lambda on_step: service.distil(target_model, card.name, steps=steps,
                                                                progress=on_step).spec)
     return f"distilling {card.name} for {steps} steps in the background: progress below (it survives a reload)"
 

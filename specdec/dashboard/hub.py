@@ -7,11 +7,12 @@ reports loading progress.
 from __future__ import annotations
 
 from specdec import models
-from specdec.models import aligned, entries
-from specdec.costs import CostModel, calibrate
+from specdec.core.costmodel import CostModel
+from specdec.costs.calibration import calibrate
 from specdec.drafters import HYBRID_SUFFIX
+from specdec.models import aligned, entries
 
-from .config import MODEL_DRAFTERS, AppConfig
+from specdec.dashboard.config import AppConfig, MODEL_DRAFTERS
 
 BRIDGES = {  # vocabulary mode offered in the UI -> specdec.models.load_draft's bridge argument
     "auto": "auto",  # through the text bridge only when the tokenizers differ

@@ -1,8 +1,8 @@
 """Background distillations started from the app: one process-wide registry, one job per aligned draft.
 
-A job runs in a daemon thread and counts its optimizer steps as `specdec.distill` reports them; every
+A job runs in a daemon thread and counts its optimizer steps as `specdec.training.distill` reports them; every
 browser session reads the same registry, so a reloaded page (or another visitor) sees a running job and
-its progress. The work itself (data, training, checkpoints, registration) is `specdec.models.aligned.distil`.
+its progress. The work itself (data, training, checkpoints, registration) is `specdec.training.service.distil`.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ class Job:
     result: str = ""  # when finished: the spec of the registered distilled draft; when failed: why
 
     def advance(self, step: int, steps: int, _record: dict | None = None) -> None:
-        """`specdec.distill`'s progress callback."""
+        """`specdec.training.distill`'s progress callback."""
         self.done, self.steps = step, steps
 
     def line(self) -> str:

@@ -5,18 +5,17 @@ from functools import partial
 
 import gradio as gr
 
-from specdec.limits import K_UI_MAX
+from specdec.core.limits import K_UI_MAX
 
-from . import handlers, teach
-from .chips import CSS as CHIPS_CSS
-from .chips import legend_html
-from .config import K_RANGE, PROMPTS, AppConfig
-from .handlers import SWEEP_KS
-from specdec.suites import available_suites
+from specdec.core.suites import available_suites
+from specdec.dashboard import handlers, teach
+from specdec.dashboard.chips import CSS as CHIPS_CSS, legend_html
+from specdec.dashboard.config import AppConfig, K_RANGE, PROMPTS
+from specdec.dashboard.handlers import SWEEP_KS
 
-from .hub import BRIDGES, ModelHub
-from .panels import CSS as PANELS_CSS
-from .runs import RunControl
+from specdec.dashboard.hub import BRIDGES, ModelHub
+from specdec.dashboard.panels import CSS as PANELS_CSS
+from specdec.dashboard.runs import RunControl
 
 K_CHOICES = ["auto", *range(K_RANGE[0], K_RANGE[1] + 1)]  # the k dropdowns' options
 

@@ -6,10 +6,9 @@ import re
 
 import pandas as pd
 
-import specdec.trace
-from specdec import DecodeStats, GenerationResult
-from specdec.report import STAT_LINES, round_rows
-from specdec.trace import measured_speedup
+import specdec.core.trace
+from specdec.core.trace import DecodeStats, GenerationResult, measured_speedup
+from specdec.lab.report import STAT_LINES, round_rows
 
 TABLE_COLUMNS = ("round", "k", "drafted by", "matches", "accepted", "target token", "kind", "produced")  # the round table
 MEASURED_SPEEDUP_HELP = (
@@ -27,13 +26,13 @@ CSS = """
 
 
 def definitions() -> dict[str, str]:
-    """Metric definitions by stat field, read from the bullets of specdec.trace's docstring."""
-    bullets = re.split(r"\n- ", specdec.trace.__doc__ or "")[1:]
+    """Metric definitions by stat field, read from the bullets of specdec.core.trace's docstring."""
+    bullets = re.split(r"\n- ", specdec.core.trace.__doc__ or "")[1:]
     return {b.split()[0].split("[")[0]: " ".join(b.split()) for b in bullets}
 
 
 def round_table(result: GenerationResult, tokenizer) -> pd.DataFrame:
-    """specdec.report.round_rows as a DataFrame (the round table; the chips show the running text)."""
+    """specdec.lab.report.round_rows as a DataFrame (the round table; the chips show the running text)."""
     rows = round_rows(result, tokenizer)
     return pd.DataFrame(rows, columns=list(rows[0]) if rows else list(TABLE_COLUMNS))[list(TABLE_COLUMNS)]
 

@@ -15,11 +15,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from specdec import DecodeStats, GenerationResult, Round
-from specdec.costs import CostModel
-from specdec.schedule import mean_draft_length
+from specdec.core.costmodel import CostModel
+from specdec.core.schedule import mean_draft_length
+from specdec.core.trace import DecodeStats, GenerationResult, Round
 
-from .config import K_RANGE, AppConfig
+from specdec.dashboard.config import AppConfig, K_RANGE
 
 AUTO = "auto"  # the k that lets the engine choose per round
 
@@ -35,7 +35,7 @@ class DecodeRequest:
     target: str  # catalogue name, or a folder / hub id when custom models are allowed
     draft: str  # catalogue name, "lookup", "self:L", or a custom folder / id
     prompt: str  # raw prompt text (no chat template)
-    k: int | str  # draft tokens per round, or "auto" (the cost-aware controller of specdec.schedule)
+    k: int | str  # draft tokens per round, or "auto" (the cost-aware controller of specdec.core.schedule)
     max_new_tokens: int  # new tokens at most
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0  # nucleus mass, 1 = off

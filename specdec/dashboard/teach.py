@@ -4,10 +4,10 @@
   round (`on_round` blocks until the next click; returning False ends the decode), so "Next round"
   costs exactly one engine round. `step_html` shows that round: the draft's proposals with p_draft,
   the target's top-1 at each of the k+1 rows of its one forward, the comparison, and what is kept.
-- One position: `specdec.position.position_view` recomputes p_draft and p_target there;
+- One position: `specdec.lab.position.position_view` recomputes p_draft and p_target there;
   `position_figure` draws them with the rule (sampling: u < min(1, p_target/p_draft), residual on
   rejection; greedy: the argmax).
-- Waterfall: `specdec.waterfall` steps from Eq. 1 to the measured speedup; `waterfall_figure` draws them.
+- Waterfall: `specdec.costs.waterfall` steps from Eq. 1 to the measured speedup; `waterfall_figure` draws them.
 - Export: the run as JSON (`GenerationResult.to_dict()`, the API's schema) and CSV (the round table).
 
 Handlers here are plain functions (bound to the hub with functools.partial in `layout`).
@@ -27,14 +27,16 @@ from typing import Callable
 
 import gradio as gr
 
-from specdec import GenerationResult, Round, speculative_generate
-from specdec.position import PositionView, position_view
-from specdec.report import round_rows
-from specdec.waterfall import Step, cost_waterfall, theory_steps
+from specdec.core.engine import speculative_generate
+from specdec.core.trace import GenerationResult, Round
+from specdec.costs.waterfall import Step, cost_waterfall, theory_steps
+from specdec.lab.position import PositionView, position_view
+from specdec.lab.report import round_rows
 
-from . import figures
-from .chips import chips_html, token_label
-from .runs import DecodeRequest
+from specdec.dashboard.chips import chips_html, token_label
+from specdec.dashboard.config import PROMPTS
+from specdec.dashboard.runs import DecodeRequest
+from specdec.lab import plots as figures
 
 IDLE_S = 600.0  # a paused step-through ends (its worker thread returns) after this long without a click
 
@@ -63,7 +65,6 @@ CLASSROOM = {  # a run quick enough to watch live on a laptop CPU, chosen by mea
 
 def classroom(max_new_tokens_cap: int = 256):
     """(target, draft, preset, prompt, k, max new tokens) of the classroom preset (within this host's cap)."""
-    from .config import PROMPTS
 
     c = CLASSROOM
     return (c["target"], c["draft"], c["preset"], PROMPTS[c["preset"]], c["k"],

@@ -19,15 +19,14 @@ from __future__ import annotations
 
 from typing import Callable
 
-import torch
-
-from ..inputs import check_vocabularies, unwrap
-from .base import Drafter, ModelDrafter, NoDraft, Proposal, SamplingPolicy, to_target_vocab
-from .bridge import NaiveCrossVocabDrafter, TextBridgeDrafter
-from .hybrid import HybridDrafter
-from .lookup import PromptLookupDraft
-from .pruned import VOCAB_SEPARATOR, PrunedVocabularyDrafter, load_vocabulary
-from .selfspec import SelfSpeculativeDraft
+from specdec.core.drafter import Drafter, ModelDrafter, NoDraft, Proposal, SamplingPolicy, as_drafter, to_target_vocab
+from specdec.core.inputs import check_vocabularies, unwrap
+from specdec.drafters.bridge import NaiveCrossVocabDrafter, TextBridgeDrafter
+from specdec.drafters.hybrid import HybridDrafter
+from specdec.drafters.lookup import PromptLookupDraft
+from specdec.drafters.pair import check_pair
+from specdec.drafters.pruned import PrunedVocabularyDrafter, VOCAB_SEPARATOR, load_vocabulary
+from specdec.drafters.selfspec import SelfSpeculativeDraft
 
 VOCABULARY_MODES = ("auto", "as is", "bridge", "naive")
 LOOKUP = "lookup"
@@ -76,24 +75,11 @@ def _pruned_draft(spec: str, target, load) -> PrunedVocabularyDrafter:
 
 
 def _model_draft(draft, target, vocabulary: str):
-    from ..models.pair import check_pair
-
     if vocabulary == "naive":
         return NaiveCrossVocabDrafter(draft)
     if vocabulary == "bridge" or (vocabulary == "auto" and check_pair(target, draft).kind == "different"):
         return TextBridgeDrafter(draft, target.tokenizer)
     return draft
-
-
-def as_drafter(draft, target_model) -> Drafter:
-    """A Drafter as is; a causal LM (or LoadedModel) becomes a ModelDrafter after a vocabulary check."""
-    if isinstance(draft, Drafter):
-        return draft
-    draft_model, _ = unwrap(draft, None)
-    if not isinstance(draft_model, torch.nn.Module):
-        raise ValueError(f"draft must be a causal LM or a Drafter, got {type(draft).__name__}")
-    check_vocabularies(target_model, draft_model)
-    return ModelDrafter(draft_model)
 
 
 def self_layers(spec: str) -> int:

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import time
 
-from ..align.report import decode_text
-from .base import ModelDrafter, Proposal, SamplingPolicy
-from ..inputs import unwrap, vocab_size
-from ..kv import CachedLM
+from specdec.core.drafter import ModelDrafter, Proposal, SamplingPolicy
+from specdec.core.inputs import unwrap, vocab_size
+from specdec.core.kv import CachedLM
+from specdec.drafters.tokenizers import decode_text
 
 EXTRA_DRAFT_TOKENS = 2  # draft tokens generated beyond n per round, so the n-th target token is complete
 ANCHOR_TOKENS = 4  # context tokens decoded with a continuation, so its leading space/merge is read in context
@@ -30,7 +30,7 @@ class TextBridgeDrafter:
     """A draft model with its own tokenizer, proposing target tokens through text.
 
     Each round: (1) decode the target context to text and tokenise it with the draft tokenizer; the draft's
-    KV cache keeps the common prefix with the previous round (the rollback rule of `specdec.kv`), so a
+    KV cache keeps the common prefix with the previous round (the rollback rule of `specdec.core.kv`), so a
     re-tokenisation that changes the last few draft tokens only re-feeds those; (2) the draft continues
     greedily; (3) its continuation is decoded and re-tokenised with the target tokenizer after the last
     few target tokens of the context; (4) target tokens are proposed only when a later target token follows them

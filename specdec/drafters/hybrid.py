@@ -3,13 +3,13 @@
 Prompt lookup (Saxena 2023) is free and, on text that repeats its input (summaries, code edits), long
 and right; a draft model (Leviathan et al. 2023) costs forwards but guesses anywhere. Each round the
 hybrid takes the lookup continuation when one exists and the model's proposal otherwise. Either way
-the target verifies with the one rule of `specdec.verify`, so greedy output is the target's and
+the target verifies with the one rule of `specdec.core.verify`, so greedy output is the target's and
 sampling stays lossless (a lookup proposal is a point mass; a model proposal carries its p_draft).
 """
 from __future__ import annotations
 
-from .base import Drafter, Proposal, SamplingPolicy
-from .lookup import PromptLookupDraft
+from specdec.core.drafter import Drafter, Proposal, SamplingPolicy
+from specdec.drafters.lookup import PromptLookupDraft
 
 HYBRID_MIN_NGRAM = 2  # a single repeated token is too weak a cue to skip the draft model
 

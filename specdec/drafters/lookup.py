@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from .base import Proposal, SamplingPolicy
+from specdec.core.drafter import Proposal, SamplingPolicy
 
 
 def find_continuation(context_ids: list[int], n: int, max_ngram: int, min_ngram: int) -> list[int]:

@@ -4,7 +4,7 @@ Most of a small draft's step on CPU can be its LM head (SmolLM2-135M: 576 x 1519
 weights). Restricting the head to the tokens a domain actually uses, plus the most frequent ones, makes each
 draft step cheaper at a small acceptance cost (FR-Spec, Zhao et al. 2025). Only drafting changes: p_draft
 is the draft's softmax renormalised over the set (logits outside it are -inf, so such a token is never
-proposed); the target verifies with the one rule of `specdec.verify`, so greedy output is the target's and
+proposed); the target verifies with the one rule of `specdec.core.verify`, so greedy output is the target's and
 sampling stays lossless.
 
 The set is a JSON file `{"token_ids": [...], ...}` (`save_vocabulary`); the drafter spec
@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import copy
 import json
-from collections import Counter
 from pathlib import Path
 from typing import Iterable
 
 import torch
 
-from .base import ModelDrafter
+from specdec.core.drafter import ModelDrafter
 
 VOCAB_SEPARATOR = "@vocab="  # MODEL@vocab=FILE
-MOST_FREQUENT = 2048  # general-text tokens kept besides the domain's own
 
 
 class PrunedVocabularyDrafter(ModelDrafter):
@@ -64,30 +62,13 @@ def _with_head_rows(model: torch.nn.Module, token_ids: torch.Tensor) -> torch.nn
 
 # --- the token set -----------------------------------------------------------------------------------------
 
-def build_vocabulary(domain: Iterable[Iterable[int]], general: Iterable[Iterable[int]] = (), *,
-                     most_frequent: int = MOST_FREQUENT, always: Iterable[int] = ()) -> list[int]:
-    """Every token of the domain sequences, the `most_frequent` tokens of the general ones, and `always`
-    (special tokens such as EOS): the sorted set of ids a pruned draft may propose."""
-    kept = {int(t) for sequence in domain for t in sequence} | {int(t) for t in always}
-    counts = Counter(int(t) for sequence in general for t in sequence)
-    kept |= {t for t, _ in counts.most_common(most_frequent)}
-    return sorted(kept)
-
-
-def save_vocabulary(path: Path, token_ids: list[int], **about) -> Path:
-    """Write the set as JSON (`about`: where it came from, e.g. domain, sources, sizes)."""
-    from ..models import cache
-
-    cache.write_text(Path(path), json.dumps({"token_ids": sorted(token_ids), **about}))
-    return Path(path)
-
 
 def load_vocabulary(path: str | Path) -> list[int]:
     """The token ids of a set written by `save_vocabulary` (or a bare JSON list of ids)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"no draft vocabulary file {path}: write one with the align-distill recipe "
-                         "(its prune stage) or specdec.drafters.pruned.save_vocabulary")
+                         "(its prune stage) or specdec.training.prune.save_vocabulary")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:

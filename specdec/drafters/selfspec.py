@@ -4,7 +4,7 @@ Draft & Verify (Zhang et al. 2023) and LayerSkip (Elhoushi et al. 2024): an earl
 target, here its first L decoder layers followed by its own final norm and LM head, is a draft
 that needs no second model, no extra weights and always shares the target's tokenizer. The
 draft is a *view* of the target: every parameter is the target's own tensor; only the KV cache
-of the L layers is new memory. `specdec.measure.calibrate_layers` picks L by measurement.
+of the L layers is new memory. `specdec.lab.measure.calibrate_layers` picks L by measurement.
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..inputs import unwrap
-from .base import ModelDrafter
+from specdec.core.drafter import ModelDrafter
+from specdec.core.inputs import unwrap
 
 # model_type -> (attribute of the base model in the causal LM, attribute of its decoder layer list)
 DECODER_LAYOUT = {
@@ -100,7 +100,7 @@ class SelfSpeculativeDraft(ModelDrafter):
     """The target's first L layers + final norm + LM head as a draft (Zhang et al. 2023; Elhoushi et al. 2024).
 
     Shares the target's parameters (no copy) and keeps its own KV cache of L layers, rolled back
-    by the rule of `specdec.kv` like any model draft. `target_model` may be a `LoadedModel`.
+    by the rule of `specdec.core.kv` like any model draft. `target_model` may be a `LoadedModel`.
     """
 
     def __init__(self, target_model, layers: int):

@@ -5,12 +5,12 @@ cache, Hugging Face hub and ModelScope sources, a pair check, and a shared model
     target = load_model("qwen2.5-coder-1.5b-instruct")          # default target
     draft = load_draft("qwen2.5-coder-0.5b-instruct", target)   # default draft (same tokenizer)
 """
-from .cache import root as cache_root
-from .entries import CatalogueEntry, catalogue, default_name
-from .loading import LoadedModel, add_model_arguments, load_draft, load_model, resolve_dtype
-from .pair import PairReport, check_pair
-from .pool import ModelPool, default_pool
-from .speed import apply_speed_levers, transpose_head_storage
+from specdec.drafters.pair import PairReport, check_pair
+from specdec.models.cache import root as cache_root
+from specdec.models.entries import CatalogueEntry, catalogue, default_name
+from specdec.models.loading import LoadedModel, add_model_arguments, load_draft, load_model, resolve_dtype
+from specdec.models.pool import ModelPool, default_pool
+from specdec.models.speed import apply_speed_levers, transpose_head_storage
 
 __all__ = [
     "LoadedModel", "load_model", "load_draft", "add_model_arguments", "check_pair", "PairReport",

@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
-from . import cache, entries
+from specdec.models import cache, entries
 
 PREFIX = "aligned:"  # spec prefix naming a registered aligned draft
 CARD = "card.json"  # the card's file inside an aligned draft's folder
@@ -168,58 +168,3 @@ def register_distilled(draft_folder, report, *, name: str, target: str, source: 
     return register(draft_folder, card)
 
 
-def transplant(target, source, *, name: str, domain: str = "", progress=None) -> Card:
-    """Transplant `source` (a LoadedModel of another family) onto `target`'s tokenizer, no training, and
-    register it as `name`; `progress(stage, fraction)` hears the stages. `source` itself is left untouched."""
-    import tempfile
-
-    from ..align import save_aligned
-    from ..recipe import transplanted
-
-    check_name(name)
-    cache.remove(runs_root() / name)  # an earlier distillation of that name trained other weights
-    say = progress or (lambda stage, fraction: None)
-    say(f"copying {source.name} and rebuilding its embeddings for the target's tokenizer", 0.1)
-    aligned = transplanted(source, target, "string")
-    card = Card(name=name, target=loaded_id(target), source=loaded_id(source), method="transplant", domain=domain)
-    say("saving the aligned draft", 0.7)
-    root().mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=root(), prefix=".scratch-") as scratch:
-        register(save_aligned(aligned.model, target.tokenizer, Path(scratch) / "model"), card)
-    say("registered", 1.0)
-    return card
-
-
-DISTILLED_SUFFIX = "-distilled"  # a distilled aligned draft is registered as <name>-distilled
-
-
-def runs_root() -> Path:
-    """Where distillations of registered drafts keep their data and resumable checkpoints."""
-    return cache.root() / "aligned-runs"
-
-
-def distil(target, name: str, *, steps: int, max_new_tokens: int = 32, train_limit: int | None = None,
-           eval_limit: int = 4, batch_size: int = 2, progress=None) -> Card:
-    """Distil the registered aligned draft `name` towards `target` on its domain's prompt suite, then register
-    the result as `<name>-distilled`. Checkpoints in `runs_root()/<name>` (a stopped run resumes there);
-    `progress(step, steps, record)` hears every optimizer step."""
-    from ..cli.distill import distill_to_folder
-    from ..distill import DistillConfig
-    from ..suites import available_suites, encode, load_suite
-    from .loading import load_model
-
-    card = read_card(folder(name))
-    if card.domain not in available_suites():
-        raise ValueError(f"{name!r} has no prompt suite to distil on (domain {card.domain!r}); prepare it with one of "
-                         f"{', '.join(available_suites())}")
-    train, held_out = ([encode(p, target.tokenizer) for p in load_suite(card.domain, split=split, limit=limit)]
-                       for split, limit in (("dev", train_limit), ("heldout", None)))
-    config = DistillConfig(steps=steps, batch_size=batch_size, eval_every=0, checkpoint_every=max(1, steps // 4))
-    dtype = "float32" if target.dtype == "int8" else target.dtype  # an int8 model is not trained
-    draft = load_model(card.spec, dtype=dtype, device=target.device)
-    out = runs_root() / name
-    report = distill_to_folder(target, draft, train, held_out[:eval_limit], config, out,
-                               max_new_tokens=max_new_tokens, resume=True, on_step=progress)
-    register_distilled(out / "draft", report, name=name + DISTILLED_SUFFIX, target=card.target, source=card.source,
-                       domain=card.domain)
-    return read_card(folder(name + DISTILLED_SUFFIX))

@@ -13,8 +13,8 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from . import cache
-from .cache import Progress
+from specdec.models import cache
+from specdec.models.cache import Progress
 
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from . import cache as weights_cache
-from . import hub
+from specdec.models import cache as weights_cache, hub
 
 CATALOGUE_PATH = Path(__file__).resolve().parents[2] / "assets" / "models.json"
 STATUSES = ("ready", "needs assembly", "needs download")

@@ -21,9 +21,10 @@ from pathlib import Path
 
 import torch
 
-from . import aligned, cache, convert, entries, hub, quant_store
-from .cache import Progress
-from .speed import apply_speed_levers
+from specdec.drafters import from_spec
+from specdec.models import aligned, cache, convert, entries, hub, quant_store
+from specdec.models.cache import Progress
+from specdec.models.speed import apply_speed_levers
 
 QUANTS = ("none", "int8")  # --quant choices: "int8" is specdec.models.quant's row-invariant path
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
@@ -242,7 +243,6 @@ def load_draft(spec: str, target: LoadedModel, *, dtype="auto", bridge="auto", d
     target's. bridge: "auto" (text bridge only when the tokenizers differ), True (always), False (ids as
     they are: the engine refuses a different vocabulary) or "naive" (ids fed across vocabularies).
     """
-    from ..drafters import from_spec
 
     modes = {"auto": "auto", True: "bridge", False: "as is", "naive": "naive"}
     if bridge not in modes:

@@ -21,8 +21,8 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
-from . import entries
-from .loading import LoadedModel, load_draft, load_model, resolve_device, resolve_dtype
+from specdec.models import entries
+from specdec.models.loading import LoadedModel, load_draft, load_model, resolve_device, resolve_dtype
 
 BUDGET_FRACTION = 0.6  # default budget: this share of the memory limit
 CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"),  # cgroup v2

@@ -31,8 +31,8 @@ from typing import Callable
 import torch
 from safetensors import SafetensorError
 
-from . import cache, convert, quant
-from .cache import Progress
+from specdec.models import cache, convert, quant
+from specdec.models.cache import Progress
 
 FORMAT = 1  # layout of a store; a store of another format is made again
 MARKER = "int8.json"  # {"format": FORMAT, "source": identity of the float32 folder it was made from}

@@ -20,7 +20,7 @@ import os
 
 import torch
 
-from ..limits import K_MAX
+from specdec.core.limits import K_MAX
 
 ROWS_FIRST_MAX = K_MAX + 1  # row counts 2..K_MAX+1 (a verification of the largest k plus one) take the W @ x.T path
 
@@ -35,7 +35,7 @@ def _fp32_cpu_inference(module: torch.nn.Linear, x: torch.Tensor) -> bool:
 class RowsFirstLinear(torch.nn.Linear):
     """A Linear that computes float32 products of `rows_first` row counts as (W @ x.T).T: W [out, in] times x.T.
 
-    Which row counts gain depends on the CPU's GEMM kernels: `specdec.costs.calibrate` times the whole
+    Which row counts gain depends on the CPU's GEMM kernels: `specdec.costs.calibration.calibrate` times the whole
     forward both ways for each verification size and keeps the faster (`set_rows_first`)."""
 
     rows_first: frozenset = frozenset(range(2, ROWS_FIRST_MAX + 1))  # row counts taking W @ x.T (until calibrated)

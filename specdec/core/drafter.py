@@ -1,0 +1,143 @@
+"""Drafters: anything that proposes tokens for the target to verify.
+
+The interface is two methods (a `typing.Protocol`, no base class needed):
+
+- `prefill(prompt_ids)`: read the prompt ahead of the first round (may do nothing);
+- `propose(context_ids, n, policy) -> Proposal`: up to n tokens that continue `context_ids`.
+
+A drafter derives its own state from the context it is given (see `specdec.core.kv` for the
+rollback rule of model drafters), so the engine never tells it what was accepted.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from specdec.core.inputs import check_vocabularies, unwrap
+from specdec.core.kv import CachedLM
+from specdec.core.verify import logits_to_probs
+
+
+@dataclass
+class SamplingPolicy:
+    """How tokens are chosen, applied identically to draft and target."""
+
+    temperature: float  # 0 = greedy (top-1); > 0 = sampling with lossless verification
+    top_p: float  # nucleus mass kept, 1.0 = off (ignored when greedy)
+    generator: torch.Generator  # the one RNG of a generation (seeded => reproducible)
+    vocab_size: int  # the target's vocabulary size: every distribution lives over it
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """[..., V] logits -> [..., V] probabilities (softmax at T=1 when greedy, for the trace)."""
+        return logits_to_probs(logits, self.temperature, 1.0 if self.greedy else self.top_p)
+
+    def choose(self, logits: torch.Tensor, probs: torch.Tensor) -> int:
+        """Pick one token from [V] logits/probs: argmax when greedy, else a draw from probs."""
+        if self.greedy:
+            return int(logits.argmax())
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+
+@dataclass
+class Proposal:
+    """Tokens proposed for one round."""
+
+    token_ids: list[int]  # proposed tokens, len <= n
+    p_draft: torch.Tensor | None  # [len, V_target] distribution each token was drawn from; None = point masses
+    time_s: float = 0.0  # wall time spent proposing
+    forwards: int = 0  # model forwards spent proposing
+    source: str = "model"  # which kind of drafter proposed: "model" or "lookup"
+
+    def draft_distributions(self, vocab_size: int) -> torch.Tensor:
+        """p_draft as [len, V_target]; a drafter without probabilities counts as a point mass."""
+        if self.p_draft is not None:
+            return self.p_draft
+        one_hot = torch.zeros(len(self.token_ids), vocab_size)
+        one_hot[torch.arange(len(self.token_ids)), torch.tensor(self.token_ids, dtype=torch.long)] = 1.0
+        return one_hot
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    def prefill(self, prompt_ids: list[int]) -> float: ...
+
+    def propose(self, context_ids: list[int], n: int, policy: SamplingPolicy) -> Proposal: ...
+
+
+class NoDraft:
+    """Proposes nothing: every round is one plain target step (the target-alone baseline)."""
+
+    forwards = 0
+
+    def prefill(self, prompt_ids: list[int]) -> float:
+        return 0.0
+
+    def propose(self, context_ids: list[int], n: int, policy: SamplingPolicy) -> Proposal:
+        return Proposal([], None)
+
+
+def to_target_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Draft logits [..., V_draft] -> [..., V_target] over the shared ids.
+
+    Ids the target does not have are dropped; ids only the target has get -inf, so a draft
+    never proposes an id outside the shared vocabulary (Qwen pads 151936 vs 152064 rows).
+    """
+    v_draft = logits.shape[-1]
+    if v_draft >= vocab_size:
+        return logits[..., :vocab_size]
+    pad = logits.new_full((*logits.shape[:-1], vocab_size - v_draft), float("-inf"))
+    return torch.cat([logits, pad], dim=-1)
+
+
+class ModelDrafter:
+    """A smaller causal LM with its own KV cache that drafts autoregressively."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.lm = CachedLM(model)
+
+    @property
+    def forwards(self) -> int:
+        return self.lm.forwards
+
+    @property
+    def tokens_fed(self) -> int:
+        return self.lm.tokens_fed
+
+    def prefill(self, prompt_ids: list[int]) -> float:
+        return self.lm.prefill(prompt_ids)
+
+    def propose(self, context_ids: list[int], n: int, policy: SamplingPolicy) -> Proposal:
+        tokens, rows, elapsed = [], [], 0.0
+        feed = self.lm.pending(context_ids)
+        for _ in range(n):
+            logits, seconds = self.lm.forward(feed)
+            elapsed += seconds
+            logits = self.target_logits(logits[-1], policy.vocab_size)  # [V_target]
+            probs = policy.probs(logits)
+            token = policy.choose(logits, probs)
+            tokens.append(token)
+            rows.append(probs)
+            feed = [token]
+        p_draft = torch.stack(rows) if rows else None  # [n, V_target]
+        return Proposal(tokens, p_draft, elapsed, n)
+
+    def target_logits(self, logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """The draft's [V_draft] logits as [V_target] logits over the shared ids (`to_target_vocab`)."""
+        return to_target_vocab(logits, vocab_size)
+
+
+def as_drafter(draft, target_model) -> Drafter:
+    """A Drafter as is; a causal LM (or LoadedModel) becomes a ModelDrafter after a vocabulary check."""
+    if isinstance(draft, Drafter):
+        return draft
+    draft_model, _ = unwrap(draft, None)
+    if not isinstance(draft_model, torch.nn.Module):
+        raise ValueError(f"draft must be a causal LM or a Drafter, got {type(draft).__name__}")
+    check_vocabularies(target_model, draft_model)
+    return ModelDrafter(draft_model)

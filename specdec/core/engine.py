@@ -1,0 +1,173 @@
+"""Speculative decoding and its honest baseline, on one set of cache machinery.
+
+Recipe of `speculative_generate` (Leviathan et al. 2023; Chen et al. 2023):
+1. prefill: both models read the prompt except its last token;
+2. each round, the drafter proposes n <= k tokens that continue the context;
+3. the target reads the pending context tokens plus the n drafts in ONE forward and returns
+   n+1 next-token distributions;
+4. `specdec.core.verify` keeps the accepted prefix and adds one target token (correction or bonus);
+5. the caches are rolled back by the rule in `specdec.core.kv` at the next round.
+`autoregressive_generate` is the same loop with a drafter that proposes nothing.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+
+from specdec.core.costmodel import CostModel
+from specdec.core.drafter import Drafter, NoDraft, Proposal, SamplingPolicy, as_drafter
+from specdec.core.inputs import prepare_prompt, resolve_eos, unwrap
+from specdec.core.kv import CachedLM
+from specdec.core.limits import K_MAX
+from specdec.core.schedule import AdaptiveK, FixedK
+from specdec.core.trace import DecodeStats, GenerationResult, Round
+from specdec.core.verify import Verdict, verify_greedy, verify_sampling
+
+TOP_KEPT = 2  # target logits kept per verification row (enough to explain a greedy near-tie)
+
+OnRound = Callable[[Round], "bool | None"]  # return False to stop after this round
+
+
+def speculative_generate(
+    target,
+    draft,
+    input_ids,
+    *,
+    k: int | str = 4,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    eos_token_id: int | list[int] | None = None,
+    on_round: OnRound | None = None,
+    tokenizer=None,
+    costs: CostModel | None = None,
+) -> GenerationResult:
+    """Generate with `draft` proposing k tokens per round and `target` verifying them.
+
+    k: draft length per round, 1..K_MAX, or "auto" (chosen each round, 0 allowed, from the measured
+    acceptance and the costs: rule in `specdec.core.schedule`).
+    costs: the pair's calibrated costs (`specdec.costs.calibration.calibrate`); they price the rounds in the stats
+    (predicted speedup, c, v) and steer k="auto". None = Leviathan's assumption, v(n) = 1.
+
+    target: a transformers causal LM (or a `specdec.LoadedModel`); draft: a causal LM sharing the
+    target's tokenizer, or any `Drafter`. input_ids: LongTensor [1, T], list[int], or a string when
+    a tokenizer is given or attached. Greedy output (temperature 0) is token-identical to the target
+    alone; with temperature > 0 the output law is the target's (lossless rejection sampling).
+    on_round(round) is called after each round (its time is not counted in the stats); returning
+    False stops the generation.
+    """
+    schedule = AdaptiveK(costs) if k == "auto" else FixedK(k)
+    if k != "auto" and (not isinstance(k, int) or not 1 <= k <= K_MAX):
+        raise ValueError(f"k must be an integer in 1..{K_MAX} or 'auto', got {k!r}")
+    target_model, tokenizer = unwrap(target, tokenizer)
+    drafter = as_drafter(draft, target_model)
+    return _generate(target_model, drafter, input_ids, schedule, max_new_tokens, temperature, top_p, seed,
+                     eos_token_id, on_round, tokenizer, costs)
+
+
+def autoregressive_generate(
+    target,
+    input_ids,
+    *,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    eos_token_id: int | list[int] | None = None,
+    on_round: OnRound | None = None,
+    tokenizer=None,
+) -> GenerationResult:
+    """The target alone, one token per forward, with the same KV cache and sampling code."""
+    target_model, tokenizer = unwrap(target, tokenizer)
+    return _generate(target_model, NoDraft(), input_ids, FixedK(0), max_new_tokens, temperature, top_p, seed,
+                     eos_token_id, on_round, tokenizer, None)
+
+
+def _generate(target_model, drafter, input_ids, schedule, max_new_tokens, temperature, top_p, seed,
+              eos_token_id, on_round, tokenizer, costs) -> GenerationResult:
+    prompt = prepare_prompt(input_ids, target_model, tokenizer, max_new_tokens, schedule.k_max)
+    policy = _policy(target_model, temperature, top_p, seed)
+    eos = resolve_eos(target_model, eos_token_id)
+    verifier = CachedLM(target_model)
+    start = time.perf_counter()
+    prefill_time = drafter.prefill(prompt) + verifier.prefill(prompt)
+    emitted: list[int] = []
+    rounds: list[Round] = []
+    stopped_early = False
+    callback_s = 0.0  # time spent in on_round (page rendering): never part of the measurement
+    while len(emitted) < max_new_tokens and not (emitted and emitted[-1] in eos):
+        n = min(schedule.next_k(), max_new_tokens - len(emitted) - 1)  # leave room for the target's token
+        round_ = _round(verifier, drafter, prompt + emitted, n, policy, eos)
+        schedule.observe(round_)
+        rounds.append(round_)
+        emitted.extend(round_.emitted_token_ids)
+        if on_round is not None:
+            called = time.perf_counter()
+            stopped_early = on_round(round_) is False
+            callback_s += time.perf_counter() - called
+            if stopped_early:
+                break
+    stats = DecodeStats.from_rounds(
+        rounds, schedule.reported_k(rounds), costs, prefill_time_s=prefill_time,
+        wall_time_s=time.perf_counter() - start - callback_s, target_forwards=verifier.forwards,
+        draft_forwards=getattr(drafter, "forwards", 0))
+    text = tokenizer.decode(emitted, skip_special_tokens=True) if tokenizer is not None else None
+    return GenerationResult(emitted, rounds, stats, text, stopped_early)
+
+
+def _round(verifier: CachedLM, drafter: Drafter, context: list[int], n: int,
+           policy: SamplingPolicy, eos: set[int]) -> Round:
+    proposal = drafter.propose(context, n, policy) if n > 0 else Proposal([], None)
+    drafts = proposal.token_ids
+    # target_logits: [len(drafts)+1, V], row i = next-token logits after context + drafts[:i]
+    target_logits, target_time = verifier.forward(verifier.pending(context) + drafts,
+                                                  logits_to_keep=len(drafts) + 1)
+    p_target = policy.probs(target_logits)  # [len(drafts)+1, V]
+    p_draft = proposal.draft_distributions(policy.vocab_size)  # [len(drafts), V]
+    verdict = _verify(drafts, target_logits, p_draft, p_target, policy)
+    top = target_logits.topk(min(TOP_KEPT, target_logits.shape[-1]), dim=-1)  # values, indices: [n+1, 2]
+    rows = torch.arange(len(drafts))
+    ids = torch.tensor(drafts, dtype=torch.long)
+    return Round(
+        draft_token_ids=drafts,
+        draft_probs=p_draft[rows, ids].tolist(),
+        target_probs=p_target[rows, ids].tolist(),
+        matches=verdict.matches,
+        num_accepted=verdict.num_accepted,
+        target_token_id=verdict.target_token_id,
+        emitted_token_ids=_cut_at_eos(drafts[:verdict.num_accepted] + [verdict.target_token_id], eos),
+        draft_time_s=proposal.time_s,
+        target_time_s=target_time,
+        draft_forwards=proposal.forwards,
+        k=n,
+        target_top_ids=top.indices.tolist(),
+        target_top_logits=top.values.tolist(),
+        draft_source=proposal.source if drafts else "",
+        uniforms=list(verdict.uniforms),
+    )
+
+
+def _verify(drafts, target_logits, p_draft, p_target, policy: SamplingPolicy) -> Verdict:
+    if policy.greedy:
+        return verify_greedy(drafts, target_logits)
+    return verify_sampling(drafts, p_draft, p_target, policy.generator)
+
+
+def _cut_at_eos(tokens: list[int], eos: set[int]) -> list[int]:
+    """Keep tokens up to and including the first EOS (like `generate`)."""
+    end = next((i + 1 for i, t in enumerate(tokens) if t in eos), len(tokens))
+    return tokens[:end]
+
+
+def _policy(target_model, temperature: float, top_p: float, seed: int | None) -> SamplingPolicy:
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    generator = torch.Generator()
+    generator.manual_seed(seed if seed is not None else int(torch.randint(2**62, (1,))))
+    vocab_size = target_model.get_output_embeddings().weight.shape[0]
+    return SamplingPolicy(temperature, top_p, generator, vocab_size)

@@ -1,0 +1,84 @@
+"""A causal LM together with the KV cache of the tokens it has read.
+
+The one KV-rollback rule of specdec
+-----------------------------------
+A model's cache always holds the keys/values of a prefix of the sequence it has been fed,
+and `CachedLM.token_ids` is that prefix. Before each forward the caller gives the current
+context; the cache is cropped to the longest common prefix of `token_ids` and the context,
+and only the tokens after it are fed. So after a verification that accepted n of k drafts,
+the positions of the k - n rejected drafts are simply dropped (cropped) at the next sync,
+and a draft that proposed all k tokens catches up on the last one (plus the target's bonus
+token) in one forward. Nothing is ever recomputed from the start: each model is fed
+O(prompt + new tokens + k * rounds) tokens over a generation (tested in tests/test_engine.py,
+test_each_model_is_fed_a_linear_number_of_tokens).
+
+Which cache class holds the keys/values is a flag on the model, `CACHE_CLASS_FLAG` (default transformers'
+`DynamicCache`; `specdec.lab.levers.preallocate_cache` sets a preallocated one); every class obeys this same rule.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+from transformers import DynamicCache
+
+
+CACHE_CLASS_FLAG = "specdec_cache_class"  # model attribute: the DynamicCache (sub)class CachedLM keeps
+
+
+def common_prefix_length(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+class CachedLM:
+    """Wraps a transformers causal LM: feeds only new tokens, counts tokens and time."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.token_ids: list[int] = []  # the prefix whose keys/values are in `cache`
+        self.cache = self._new_cache()
+        self.tokens_fed = 0  # total tokens passed through the model (the linear-cost witness)
+        self.forwards = 0
+
+    def pending(self, context: list[int]) -> list[int]:
+        """Apply the rollback rule for `context` and return the tokens not yet in the cache."""
+        keep = common_prefix_length(self.token_ids, context)
+        keep = min(keep, len(context) - 1)  # always feed at least one token: its logits are needed
+        if keep < len(self.token_ids):
+            self._crop(keep)
+        return context[keep:]
+
+    def prefill(self, context: list[int]) -> float:
+        """Read all of `context` but its last token (whose logits the first round needs). Returns seconds."""
+        feed = self.pending(context)[:-1]
+        return self.forward(feed)[1] if feed else 0.0
+
+    def _new_cache(self) -> DynamicCache:
+        cache = getattr(self.model, CACHE_CLASS_FLAG, DynamicCache)(config=self.model.config)
+        cache.activate_past_recording()  # sliding-window layers keep what a rollback needs
+        return cache
+
+    def _crop(self, length: int) -> None:
+        if self.cache.is_croppable:
+            self.cache.crop(length - len(self.token_ids))  # transformers 5.x: a negative count removes tokens
+            self.token_ids = self.token_ids[:length]
+        else:  # a layer that cannot roll back: start again (correct, only slower)
+            self.cache = self._new_cache()
+            self.token_ids = []
+
+    @torch.inference_mode()
+    def forward(self, new_ids: list[int], logits_to_keep: int = 1) -> tuple[torch.Tensor, float]:
+        """Feed `new_ids` after the cached prefix. Returns (logits [logits_to_keep, V] fp32, seconds)."""
+        if not new_ids:
+            raise ValueError("forward needs at least one new token")
+        ids = torch.tensor([new_ids], dtype=torch.long, device=self.device)  # [1, S]
+        start = time.perf_counter()
+        out = self.model(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=logits_to_keep)
+        logits = out.logits[0].float()  # [logits_to_keep, V]
+        elapsed = time.perf_counter() - start
+        self.token_ids.extend(new_ids)
+        self.tokens_fed += len(new_ids)
+        self.forwards += 1
+        return logits, elapsed

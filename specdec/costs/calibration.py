@@ -1,0 +1,185 @@
+"""What a round costs on this machine: the verification curve v(n) and the draft's cost c, measured once.
+
+Leviathan et al. 2023 price a round at k*c + 1 target steps: drafting k tokens at c steps each, and
+one verification forward assumed to cost one step. On a CPU it does not: a forward over n new
+tokens costs v(n) one-token steps, with v(1) = 1 and v(n) growing with n (how fast depends on the
+dtype's kernels). `calibrate` measures, for the loaded pair, dtype and thread count,
+
+- v(n) = median time of a target forward over n new tokens / median time of a one-token step,
+  for n = 1..n_max, after a CONTEXT_TOKENS-token context, the sizes interleaved and repeated;
+- c = median time of one draft forward / the target's one-token step (Leviathan's c);
+
+and `CostModel.predicted_speedup(alpha, k)` = E[tokens per round] / (v(k+1) + k*c)
+(`specdec.core.theory.predicted_speedup`). Results are cached as JSON under `$SPECDEC_CACHE/costs/`, one file
+per target (v) and one per (target, draft) pair (c), keyed by model identity, dtype, threads and
+machine; `recalibrate=True` measures again.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from specdec.core.costmodel import CostModel, TargetCosts
+from specdec.core.drafter import Drafter, NoDraft, SamplingPolicy, as_drafter
+from specdec.core.inputs import unwrap, vocab_size
+from specdec.core.kv import CachedLM
+from specdec.core.limits import K_AUTO_MAX
+from specdec.models import cache
+from specdec.models.quant import is_quantized
+from specdec.models.speed import set_rows_first
+
+CONTEXT_TOKENS = 64  # tokens in the cache before each timed forward (a short prompt plus some output)
+REPEATS = 3  # timed forwards per size; the median is kept
+N_MAX = K_AUTO_MAX + 1  # largest verification size calibrated: k_max drafts plus the target's own token
+METHOD = 3  # bump when what a calibration measures changes (3: rows-first chosen per size, target and draft)
+
+
+def calibrate(target, draft=None, *, n_max: int = N_MAX, repeats: int = REPEATS, recalibrate: bool = False,
+              cache_dir: str | Path | None = None) -> CostModel:
+    """The CostModel of `target` with `draft` (a model, LoadedModel, Drafter, or None for no draft).
+
+    Cached results are returned unless `recalibrate`; a fresh measurement takes about
+    (n_max + 1) * repeats target forwards plus a few draft forwards.
+    """
+    target_model, _ = unwrap(target, None)
+    drafter = NoDraft() if draft is None else as_drafter(draft, target_model)
+    folder = Path(cache_dir) if cache_dir is not None else _default_cache_dir()
+    target_key = _key("target", METHOD, _identity(target), n_max, repeats)
+    draft_key = _key("draft", target_key, _drafter_identity(draft, drafter))
+    cached = _cached(folder, target_key, recalibrate)
+    fresh = cached is None
+    if fresh:
+        step_s, verify, rows_first = measure_verification(target_model, n_max, repeats)
+        target_costs = TargetCosts(step_s, verify, target_key, rows_first)
+        _store(folder, target_key, asdict(target_costs))
+    else:
+        target_costs = TargetCosts(**cached)
+    set_rows_first(target_model, target_costs.rows_first)  # the faster product for each size, as measured
+    stored = None if recalibrate or fresh else _cached(folder, draft_key, False)
+    draft_model = _own_model(drafter, target_model)
+    if stored is None:
+        rows_first = measure_verification(draft_model, 2, repeats)[2] if draft_model is not None else []
+        stored = {"draft_cost": measure_draft_step(target_model, drafter, repeats) / target_costs.step_s,
+                  "rows_first": rows_first}
+        _store(folder, draft_key, stored)
+        fresh = True
+    if draft_model is not None:
+        set_rows_first(draft_model, stored.get("rows_first", ()))  # its catch-up forward reads 2 tokens
+    return CostModel(target_costs, stored["draft_cost"], draft_key, fresh)
+
+
+def _own_model(drafter: Drafter, target_model: torch.nn.Module) -> torch.nn.Module | None:
+    """The draft's model when it has one that shares no weights with the target (self-speculation does)."""
+    lm = getattr(getattr(drafter, "model_drafter", drafter), "lm", None)
+    if lm is None:
+        return None
+    target_tensors = {p.data_ptr() for p in target_model.parameters()}
+    return None if any(p.data_ptr() in target_tensors for p in lm.model.parameters()) else lm.model
+
+
+def measure_verification(model: torch.nn.Module, n_max: int, repeats: int) -> tuple[float, list[float], list[int]]:
+    """(one-token step seconds, [v(1) .. v(n_max)], sizes where rows-first wins): sizes interleaved, medians kept.
+
+    A float32 model with rows-first Linears (`specdec.models.speed`) is timed both ways at every size, in
+    alternation; each size keeps the faster product, and v(n) is that one's time.
+    """
+    lm = CachedLM(model)
+    base = _context(model, CONTEXT_TOKENS)
+    lm.prefill(base + [base[0]])  # the cache holds `base`
+    _time_forward(lm, base, 1)  # warm-up: first-call allocations and kernel choice
+    modes = (False, True) if set_rows_first(model, ()) else (False,)  # (plain F.linear, rows-first)
+    seconds: dict[tuple[int, bool], list[float]] = {(n, m): [] for n in range(1, n_max + 1) for m in modes}
+    for repeat in range(repeats):
+        order = list(range(1, n_max + 1))
+        for n in order[repeat % n_max:] + order[:repeat % n_max]:  # rotate, so drift spreads over sizes
+            for mode in modes:
+                set_rows_first(model, range(2, n_max + 1) if mode else ())
+                seconds[(n, mode)].append(_time_forward(lm, base, n))
+    best = {n: min(modes, key=lambda m: statistics.median(seconds[(n, m)])) for n in range(1, n_max + 1)}
+    medians = [statistics.median(seconds[(n, best[n])]) for n in range(1, n_max + 1)]
+    return medians[0], [m / medians[0] for m in medians], [n for n in range(2, n_max + 1) if best[n]]
+
+
+def measure_draft_step(target_model: torch.nn.Module, drafter: Drafter, repeats: int) -> float:
+    """Median seconds per draft forward of a one-token proposal (a model-free drafter: per proposal)."""
+    inner = getattr(drafter, "model_drafter", drafter)  # a hybrid's cost is its model's
+    context = _context(target_model, CONTEXT_TOKENS)
+    policy = SamplingPolicy(0.0, 1.0, torch.Generator(), vocab_size(target_model))
+    inner.prefill(context)
+    inner.propose(context, 1, policy)  # warm-up
+    per_forward = []
+    for _ in range(repeats):
+        proposal = inner.propose(context, 1, policy)
+        per_forward.append(proposal.time_s / max(proposal.forwards, 1))
+    return statistics.median(per_forward)
+
+
+def _time_forward(lm: CachedLM, base: list[int], n: int) -> float:
+    """Seconds of one forward over n new tokens after `base` (the cache is rolled back to `base` first)."""
+    cached_next = lm.token_ids[len(base):len(base) + 1]
+    first = 2 if cached_next == [1] else 1  # differs from what is cached, so the rollback keeps exactly `base`
+    feed = lm.pending(base + [first] + [3] * (n - 1))  # [n] new tokens
+    return lm.forward(feed, logits_to_keep=n)[1]
+
+
+def _context(model: torch.nn.Module, length: int) -> list[int]:
+    """A deterministic, non-repeating-ish context (timing does not depend on which ids)."""
+    rows = vocab_size(model)
+    return [(7 + 7919 * i) % (rows - 10) + 5 for i in range(length)]
+
+
+def _identity(model_or_loaded) -> str:
+    """Name, folder and dtype of a LoadedModel; config hash, size and dtype of a bare module."""
+    model, _ = unwrap(model_or_loaded, None)
+    dtype = f"{next(model.parameters()).dtype}{'|int8' if is_quantized(model) else ''}"
+    if hasattr(model_or_loaded, "path"):
+        return f"{model_or_loaded.name}|{model_or_loaded.path}|{dtype}"
+    config = model.config.to_json_string(use_diff=False)
+    size = sum(p.numel() for p in model.parameters())
+    return f"module|{hashlib.sha256(config.encode()).hexdigest()[:16]}|{size}|{dtype}"
+
+
+def _drafter_identity(draft, drafter) -> str:
+    parts = [type(drafter).__name__, str(getattr(drafter, "layers", ""))]
+    inner = getattr(drafter, "model_drafter", drafter)
+    if draft is not None and not isinstance(draft, Drafter):
+        parts.append(_identity(draft))
+    elif hasattr(inner, "lm"):
+        parts.append(_identity(inner.lm.model))
+    return "|".join(parts)
+
+
+def _key(kind: str, *parts) -> str:
+    machine = f"{platform.machine()}|{platform.processor()}|{torch.__version__}|threads={torch.get_num_threads()}"
+    text = "|".join(map(str, (kind, *parts, machine)))
+    return f"{kind}-{hashlib.sha256(text.encode()).hexdigest()[:20]}"
+
+
+def _default_cache_dir() -> Path:
+    return cache.root() / "costs"
+
+
+def _cached(folder: Path, key: str, recalibrate: bool) -> dict | None:
+    path = folder / f"{key}.json"
+    if recalibrate or not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):  # a damaged file is measured again
+        return None
+
+
+def _store(folder: Path, key: str, data: dict) -> None:
+    """Write atomically: a temporary file renamed into place."""
+    folder.mkdir(parents=True, exist_ok=True)
+    temporary = folder / f".{key}.{os.getpid()}.{time.monotonic_ns()}.tmp"
+    temporary.write_text(json.dumps(data))
+    os.replace(temporary, folder / f"{key}.json")

@@ -1,0 +1,1 @@
+"""Instruments that measure: the bench, probes, quality, levers, profiles, plots, the recipe."""

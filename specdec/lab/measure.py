@@ -1,0 +1,213 @@
+"""Drafts measured against the target alone: one harness, and the self-speculation calibration built on it.
+
+`warm_up` and `time_median` are the timing core every measurement shares (`DraftTrials` here, the bench's
+cells in `specdec.lab.bench.run`): untimed first calls, then a generation timed `repeats` times, median.
+`DraftTrials` runs drafts on fixed prompts, greedy, against a target-alone baseline measured once
+after a warm-up. `calibrate_layers` picks the L of self-speculation (`specdec.drafters.selfspec`) by
+the cost-aware bound of Leviathan et al. 2023 measured on a few prompts; `recommend_fallback` compares
+the best L with prompt lookup for the acceptance probe.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+from specdec.core.drafter import Drafter
+from specdec.core.engine import autoregressive_generate, speculative_generate
+from specdec.core.inputs import unwrap
+from specdec.core.trace import pooled_stats, ratio
+from specdec.drafters.lookup import PromptLookupDraft
+from specdec.drafters.selfspec import SelfSpeculativeDraft, decoder_layers
+
+
+WARMUP_TOKENS = 4  # new tokens of a warm-up call (first-call allocation and kernel selection)
+
+
+@dataclass
+class Timed:
+    """A generation timed `repeats` times: the first run's output and the median wall time."""
+
+    output: object  # what the first run returned: a GenerationResult, or the new token ids (HF `generate`)
+    seconds: float  # median wall time over the repeats
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.output if isinstance(self.output, list) else self.output.token_ids
+
+    @property
+    def tokens_per_s(self) -> float:
+        return ratio(len(self.token_ids), self.seconds)
+
+
+def warm_up(*generations: Callable[[], object]) -> None:
+    """Call each once, untimed, so first-call allocations and kernel choice never land in a measurement."""
+    for generate in generations:
+        generate()
+
+
+def time_median(generate: Callable[[], object], repeats: int) -> Timed:
+    """Run `generate` `repeats` times (at least once); keep the first output and the median wall time."""
+    output, first_s = _timed(generate)
+    seconds = [first_s] + [_timed(generate)[1] for _ in range(repeats - 1)]
+    return Timed(output, statistics.median(seconds))
+
+
+def _timed(generate: Callable[[], object]) -> tuple[object, float]:
+    """`generate()`'s output and its wall time in seconds."""
+    start = time.perf_counter()
+    output = generate()
+    return output, time.perf_counter() - start
+
+
+@dataclass
+class DraftMeasurement:
+    """One draft measured on a few prompts, greedy, against the target alone in the same run."""
+
+    draft: str  # `--draft` name: "self:L" or "lookup"
+    alpha: float  # pooled acceptance rate over all rounds of all prompts (definition in specdec.core.trace)
+    cost_ratio: float  # c = mean draft forward time / mean target forward time (0 for a model-free draft)
+    bound: float  # cost-aware bound theory.walltime_speedup(alpha, k, c), Leviathan et al. 2023
+    tokens_per_round: float  # measured emitted tokens per target forward (mean accepted length + 1 target token)
+    drafted_rounds: float  # fraction of rounds in which the draft proposed anything
+    speedup: float  # measured tokens/s of speculative decoding / tokens/s of the target alone
+
+
+@dataclass
+class Calibration:
+    """`calibrate_layers` result: one measurement per candidate L and the L with the best bound."""
+
+    results: list[tuple[int, DraftMeasurement]]  # (L, measurement) for each candidate L, ascending L
+    best_layers: int  # the L maximising the cost-aware bound
+
+    @property
+    def best(self) -> DraftMeasurement:
+        return dict(self.results)[self.best_layers]
+
+    def to_dict(self) -> dict:
+        return {"best_layers": self.best_layers,
+                "results": [{"layers": layers, **asdict(m)} for layers, m in self.results]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Calibration":
+        results = [(r["layers"], DraftMeasurement(**{k: v for k, v in r.items() if k != "layers"}))
+                   for r in data["results"]]
+        return cls(results, data["best_layers"])
+
+
+def default_candidates(total_layers: int) -> list[int]:
+    """L at 1/4, 3/8, 1/2, 5/8 and 3/4 of the depth (for 28 layers: 7, 10, 14, 18, 21); [1] for tiny models."""
+    picks = {max(1, round(total_layers * eighths / 8)) for eighths in (2, 3, 4, 5, 6)}
+    return sorted(layers for layers in picks if layers < total_layers) or [1]
+
+
+OnLayer = Callable[[int, "DraftMeasurement"], None]  # called with (L, its measurement) as each L finishes
+
+
+def calibrate_layers(target_model, prompts_ids, k: int = 4, candidates: list[int] | None = None,
+                     max_new_tokens: int = 32, on_layer: OnLayer | None = None) -> Calibration:
+    """Measure alpha, c, the bound and the real speedup of self-speculation for each candidate L.
+
+    Greedy decoding of `max_new_tokens` on each prompt; the best L maximises
+    theory.walltime_speedup(alpha, k, c) (the cost-aware bound) pooled over the prompts.
+    """
+    return calibrate_on(DraftTrials(target_model, prompts_ids, k, max_new_tokens), candidates, on_layer)
+
+
+def calibrate_on(run: DraftTrials, candidates: list[int] | None, on_layer: OnLayer | None = None) -> Calibration:
+    """`calibrate_layers` on prompts (and a baseline) already set up in `run`."""
+    model = run.model
+    candidates = default_candidates(len(decoder_layers(model))) if candidates is None else sorted(set(candidates))
+    if not candidates:
+        raise ValueError("calibrate_layers needs at least one candidate number of layers")
+    results = []
+    for layers in candidates:
+        results.append((layers, run.measure(f"self:{layers}", lambda: SelfSpeculativeDraft(model, layers))))
+        if on_layer is not None:
+            on_layer(*results[-1])
+    best_layers = max(results, key=lambda item: item[1].bound)[0]
+    return Calibration(results, best_layers)
+
+
+def recommend_fallback(target_model, prompts_ids, k: int = 4, candidates: list[int] | None = None,
+                       max_new_tokens: int = 32) -> dict:
+    """Which draft-free fallback to use for this target on these prompts: self-speculation or prompt lookup.
+
+    Calibrates L (`calibrate_layers`), measures prompt lookup on the same prompts, and picks the one
+    with the higher measured speedup over the target alone. Returns a JSON-able dict with both
+    measurements, the calibration table, `best_draft` (a `--draft` name, or None when neither
+    beats the target alone) and a one-line `recommendation`.
+    """
+    run = DraftTrials(target_model, prompts_ids, k, max_new_tokens)
+    calibration = calibrate_on(run, candidates)
+    lookup = run.measure("lookup", PromptLookupDraft)
+    self_spec = calibration.best
+    winner, other = sorted([self_spec, lookup], key=lambda m: m.speedup, reverse=True)
+    return {
+        "k": k,
+        "prompts": len(prompts_ids),
+        "self_speculation": {"layers": calibration.best_layers, **asdict(self_spec)},
+        "prompt_lookup": asdict(lookup),
+        "calibration": calibration.to_dict()["results"],
+        "best_draft": winner.draft if winner.speedup > 1.0 else None,
+        "recommendation": _recommendation(winner, other, len(prompts_ids)),
+    }
+
+
+def _recommendation(winner: DraftMeasurement, other: DraftMeasurement, prompts: int) -> str:
+    if winner.speedup <= 1.0:
+        return (f"Neither draft-free fallback beats the target alone on these {prompts} prompts "
+                f"({_describe(winner)}: {winner.speedup:.2f}x, {_describe(other)}: {other.speedup:.2f}x): "
+                "turn speculation off, or retrain the draft.")
+    return (f"Fall back to {_describe(winner)} (--draft {winner.draft}): measured {winner.speedup:.2f}x over the "
+            f"target alone (alpha={winner.alpha:.2f}, c={winner.cost_ratio:.2f}, bound {winner.bound:.2f}x) on "
+            f"{prompts} prompts; {_describe(other)} measured {other.speedup:.2f}x.")
+
+
+def _describe(measurement: DraftMeasurement) -> str:
+    if measurement.draft == "lookup":
+        return "prompt lookup"
+    return f"self-speculation with the first {measurement.draft.split(':')[1]} layers"
+
+
+class DraftTrials:
+    """The one harness that measures drafts against the target alone: fixed prompts, greedy, a warm-up, then the
+    target-alone baseline once; each draft runs every prompt (`run`) and is pooled (`measure`, `identical`)."""
+
+    def __init__(self, target_model, prompts_ids, k: int, max_new_tokens: int):
+        if not prompts_ids:
+            raise ValueError("give at least one prompt to measure drafts on")
+        model, tokenizer = unwrap(target_model, None)
+        self.model, self.tokenizer, self.prompts = model, tokenizer, list(prompts_ids)
+        self.k, self.max_new_tokens = k, max_new_tokens
+        warm_up(lambda: autoregressive_generate(model, self.prompts[0], max_new_tokens=WARMUP_TOKENS,
+                                                tokenizer=tokenizer))
+        self.alone = [autoregressive_generate(model, p, max_new_tokens=max_new_tokens, tokenizer=tokenizer)
+                      for p in self.prompts]  # the target alone on each prompt
+        self.baseline = pooled_stats(self.alone, 0)  # pooled over the prompts
+        self.baseline_tokens_per_s = self.baseline.tokens_per_s
+
+    def run(self, draft, costs=None) -> list:
+        """`draft` (a model or Drafter, reused across prompts) on every prompt: one GenerationResult each."""
+        return [speculative_generate(self.model, draft, p, k=self.k, max_new_tokens=self.max_new_tokens,
+                                     tokenizer=self.tokenizer, costs=costs) for p in self.prompts]
+
+    def identical(self, results: list) -> int:
+        """How many of `results` equal the target alone's greedy output on the same prompt."""
+        return sum(r.token_ids == a.token_ids for r, a in zip(results, self.alone))
+
+    def measure(self, name: str, make_drafter: Callable[[], Drafter]) -> DraftMeasurement:
+        """Greedy-generate every prompt with a fresh drafter; pool all rounds into one DecodeStats."""
+        results = self.run(make_drafter())
+        stats = pooled_stats(results, self.k)
+        rounds = [r for result in results for r in result.rounds]
+        return DraftMeasurement(
+            draft=name,
+            alpha=stats.acceptance_rate,
+            cost_ratio=stats.cost_ratio,
+            bound=stats.expected_walltime_speedup,
+            tokens_per_round=stats.mean_accepted_length,
+            drafted_rounds=ratio(sum(bool(r.draft_token_ids) for r in rounds), len(rounds)),
+            speedup=ratio(stats.tokens_per_s, self.baseline_tokens_per_s),
+        )

@@ -1,0 +1,1 @@
+"""Making a draft fit a target: vocabulary transplant, distillation, pruning."""
