@@ -288,3 +288,56 @@ def test_the_app_runs_the_int8_path_through_its_pool(tmp_path):
     assert any(isinstance(m, Int8Linear) for m in target.model.modules())
     result = speculative_generate(target, draft, "def print the", k=3, max_new_tokens=8, costs=hub.costs(target, draft))
     assert result.token_ids == autoregressive_generate(target, "def print the", max_new_tokens=8).token_ids
+
+
+def _saturating_fbgemm_mm(x_q: torch.Tensor, packed) -> torch.Tensor:
+    """fbgemm's int8 GEMM as AVX2 without VNNI computes it: u8 x s8 products summed in pairs with int16
+    saturation (vpmaddubsw), then in int32; the zero point 128 of x + 128 corrected exactly afterwards."""
+    weight = torch.ops.quantized.linear_unpack(packed)[0].int_repr().long()  # [N, K]
+    u = (x_q.long() + 128)  # [M, K] in [1, 255]
+    products = u[:, None, :] * weight[None, :, :]  # [M, N, K]
+    if products.shape[-1] % 2:
+        products = torch.nn.functional.pad(products, (0, 1))
+    pairs = products.reshape(*products.shape[:2], -1, 2).sum(-1).clamp(-32768, 32767)  # [M, N, K/2]
+    return (pairs.sum(-1) - 128 * weight.sum(1)[None, :]).float()  # [M, N]
+
+
+@pytest.fixture
+def avx2_without_vnni(monkeypatch):
+    """This machine's fbgemm replaced by one that saturates 16-bit pair sums, the exactness probes measured again."""
+    monkeypatch.setattr(quant, "_fbgemm_mm", _saturating_fbgemm_mm)
+    quant.fbgemm_exact_for.cache_clear()
+    yield
+    quant.fbgemm_exact_for.cache_clear()
+
+
+def test_a_saturating_kernel_is_measured_inexact_for_8_bit_weights_and_exact_for_7(avx2_without_vnni):
+    assert not quant.fbgemm_exact_for(127) and quant.fbgemm_exact_for(63)
+    assert quant.weight_limit() == 63 and quant.fbgemm_is_exact()
+
+
+def test_without_vnni_int8_layers_keep_7_bit_weights_on_the_fast_kernel_row_invariant(avx2_without_vnni):
+    torch.manual_seed(0)
+    layer = Int8Linear(torch.randn(96, 64), torch.randn(96))
+    assert int(layer.weight.abs().max()) == 63 and layer.packed is not None  # fbgemm, never the slow fallback
+    x = torch.randn(1, 9, 64) * torch.logspace(-2, 2, 9)[None, :, None]
+    assert rows_alone_equal(layer, x)
+    fast = layer(x)
+    layer.packed = None  # torch._int_mm: the exact sums
+    assert torch.equal(fast, layer(x))
+
+
+def test_a_store_of_8_bit_weights_is_not_run_on_a_kernel_that_sums_them_inexactly(avx2_without_vnni):
+    torch.manual_seed(0)
+    weight = torch.randint(-127, 128, (32, 64), dtype=torch.int8)
+    layer = Int8Linear.from_quantized(weight, torch.ones(32))
+    assert layer.packed is None  # |w| up to 127 would saturate: the exact torch._int_mm instead
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_without_vnni_greedy_speculative_output_equals_the_int8_target_alone(avx2_without_vnni, arch):
+    target, draft = quantized(arch, seed=0), quantized(arch, seed=1)
+    assert all(layer.packed is not None for layer in target.modules() if isinstance(layer, Int8Linear))
+    alone = autoregressive_generate(target, PROMPT, max_new_tokens=24)
+    for k in (1, 4, 8):
+        assert speculative_generate(target, draft, PROMPT, k=k, max_new_tokens=24).token_ids == alone.token_ids

@@ -144,3 +144,17 @@ def test_a_killed_save_leaves_nothing_a_load_reads(tmp_path):
     again = quant.quantize_int8(load_model(str(folder), dtype="float32").model)
     assert torch.equal(loaded.model(IDS).logits, again(IDS).logits)
     assert load_model(str(folder), quant="int8").source == "cache (int8)"
+
+
+def test_a_store_quantized_for_another_weight_limit_is_made_again_for_this_machines(tmp_path, monkeypatch, capsys):
+    """A store of 8-bit weights read on a machine whose fast kernel sums exactly only 7-bit ones (AVX2 without
+    VNNI) would run the slow kernel: it is quantized again, with 7-bit weights on the fast one."""
+    folder = tiny_folder(tmp_path / "model", seed=0)
+    load_model(str(folder), quant="int8")
+    monkeypatch.setattr(quant, "weight_limit", lambda: 63)
+    again = load_model(str(folder), quant="int8")
+    assert again.source == "folder" and "weights up to 127" in capsys.readouterr().err
+    assert all(int(m.weight.abs().max()) <= 63 for m in again.model.modules() if isinstance(m, quant.Int8Linear))
+    with monkeypatch.context() as patch:
+        no_float32_pass(patch)
+        assert load_model(str(folder), quant="int8").source == "cache (int8)"

@@ -5,11 +5,13 @@ gives, row for row, the logits that n one-token steps give. In float32 and bf16 
 M rows sums in another order than a GEMV), so a near-tie can flip the argmax. Here each op is made
 row-invariant instead (kernel measurements: docs/performance.md):
 
-- `Int8Linear`: weights int8 per output channel (scale = max|w_row| / 127), activations int8 per ROW
+- `Int8Linear`: weights int8 per output channel (scale = max|w_row| / W, W = `weight_limit()`), activations int8 per ROW
   (per token: scale = max|x_row| / 127), integer GEMM with int32 sums (exact in any order: `torch._int_mm`,
   or fbgemm fed integers it cannot rescale), then y = sums * w_scale[None, :] * x_scale[:, None] (+ bias)
   elementwise. Row i depends on x[i] only. (One activation scale per tensor, as fbgemm's dynamic
-  quantization does by itself, couples the rows.)
+  quantization does by itself, couples the rows.) W is 127 where fbgemm sums exactly in 32 bits (VNNI), and 63
+  where it sums pairs of u8 x s8 products in 16 bits (AVX2 without VNNI: 2·255·127 saturates, 2·255·63 = 32130
+  fits): measured on the machine at load, never read off CPU flags, so the fast kernel is always the exact one.
 - `rowwise_attention`: each query row attends to its own causal slice of keys/values with the same SDPA
   call a one-token step makes, so a verification row is the one-token step's row.
 - Embedding lookup, RMSNorm (a reduction inside each row), rotary (elementwise), SiLU and residual adds are
@@ -31,16 +33,17 @@ from transformers.pytorch_utils import Conv1D
 
 ROWWISE_ATTENTION = "specdec_rowwise"  # name of rowwise_attention in transformers' attention interface
 INT8_MAX = 127  # symmetric range [-127, 127]: -128 is never used, so negation is exact
+WEIGHT_LIMITS = (INT8_MAX, 63)  # weight ranges tried, widest first: 63 keeps 16-bit pair sums of u8 x s8 exact
 FBGEMM_MIN_ROWS = 1  # rows from which fbgemm beats torch._int_mm with weights read from memory (all, here)
 TINY = torch.finfo(torch.float32).tiny  # scale of an all-zero row (its quantized values are all 0)
 
 
-def _quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] float32 -> (integers in [-127, 127] as float32 [M, K], scale [M]) with x ≈ q * scale[:, None].
+def _quantize_rows(x: torch.Tensor, limit: int = INT8_MAX) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] float32 -> (integers in [-limit, limit] as float32 [M, K], scale [M]) with x ≈ q * scale[:, None].
 
     Row i depends on x[i] only (a max, a division and a rounding per element)."""
-    scale = (x.abs().amax(dim=1) / INT8_MAX).clamp_min(TINY)  # [M]
-    return torch.round(x / scale[:, None]).clamp_(-INT8_MAX, INT8_MAX), scale
+    scale = (x.abs().amax(dim=1) / limit).clamp_min(TINY)  # [M]
+    return torch.round(x / scale[:, None]).clamp_(-limit, limit), scale
 
 
 def _int_mm(x_q: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -78,18 +81,29 @@ def _sentinel(width: int) -> torch.Tensor:
 
 
 @functools.cache
-def fbgemm_is_exact() -> bool:
-    """Whether `_fbgemm_mm` gives the exact integer sums here (int32 VNNI sums yes; pairs saturating at int16, as
-    AVX2 without VNNI does, no), on random and extreme operands. Else every row count takes torch._int_mm."""
+def fbgemm_exact_for(limit: int) -> bool:
+    """Whether `_fbgemm_mm` gives the exact integer sums here for weights in [-limit, limit], on random and extreme
+    operands (int32 VNNI sums: any limit; pairs summed in int16, as AVX2 without VNNI does: 63 but not 127)."""
     try:
         generator = torch.Generator().manual_seed(0)
-        weight = torch.randint(-INT8_MAX, INT8_MAX + 1, (64, 256), dtype=torch.int8, generator=generator)
-        weight[:8], weight[8:16] = INT8_MAX, -INT8_MAX  # worst cases for 16-bit pair sums
+        weight = torch.randint(-limit, limit + 1, (64, 256), dtype=torch.int8, generator=generator)
+        weight[:8], weight[8:16] = limit, -limit  # worst cases for 16-bit pair sums
         x_q = torch.randint(-INT8_MAX, INT8_MAX + 1, (9, 256), generator=generator).float()
         x_q[0], x_q[1] = INT8_MAX, -INT8_MAX
         return torch.equal(_fbgemm_mm(x_q, _pack(weight)), _int_mm(x_q, weight))
     except (RuntimeError, AttributeError):  # a build without fbgemm / quantized ops
         return False
+
+
+def weight_limit() -> int:
+    """The widest weight range of WEIGHT_LIMITS whose fbgemm sums are exact on this machine (measured), so every
+    product takes the fast kernel; INT8_MAX when none is (then torch._int_mm, exact and slow, does the sums)."""
+    return next((limit for limit in WEIGHT_LIMITS if fbgemm_exact_for(limit)), INT8_MAX)
+
+
+def fbgemm_is_exact() -> bool:
+    """Whether int8 layers quantized here run on fbgemm (exact sums for `weight_limit()`); else torch._int_mm."""
+    return fbgemm_exact_for(weight_limit())
 
 
 def _same_sums(packed, weight: torch.Tensor) -> bool:
@@ -101,7 +115,8 @@ def _same_sums(packed, weight: torch.Tensor) -> bool:
 
 
 class Int8Linear(torch.nn.Module):
-    """y = x W.T + b with W int8 per output channel, x int8 per row, exact integer sums (row-invariant).
+    """y = x W.T + b with W int8 per output channel (|w| <= weight_limit()), x int8 per row, exact integer sums
+    (row-invariant).
 
     fbgemm or torch._int_mm (FBGEMM_MIN_ROWS, fbgemm_is_exact) give the same exact sums, then the same
     y = (sums * w_scale) * x_scale + b, so which kernel ran never changes a bit.
@@ -113,7 +128,7 @@ class Int8Linear(torch.nn.Module):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
-        weight_q, weight_scale = _quantize_rows(weight.detach().float())  # [out, in], [out]
+        weight_q, weight_scale = _quantize_rows(weight.detach().float(), weight_limit())  # [out, in], [out]
         self._hold(weight_q.to(torch.int8), weight_scale, bias)
 
     @classmethod
@@ -138,7 +153,8 @@ class Int8Linear(torch.nn.Module):
         self.register_buffer("weight", weight)
         self.register_buffer("weight_scale", weight_scale)
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
-        self.packed = _pack(self.weight) if fbgemm_is_exact() else None  # fbgemm's copy of `weight`
+        fits = not weight.numel() or int(weight.abs().max()) <= weight_limit()  # a stored weight may be wider
+        self.packed = _pack(self.weight) if fits and fbgemm_is_exact() else None  # fbgemm's copy of `weight`
         if self.packed is not None and not _same_sums(self.packed, self.weight):
             self.packed = None  # never seen; a kernel path for this shape that is not exact falls back
 

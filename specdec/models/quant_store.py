@@ -9,13 +9,14 @@ load of a float32 folder quantizes it and stores:
 
 holding `model.safetensors` (the quantized model's `state_dict`: int8 weights with their per-row float32
 scales and biases, the embeddings and norms in float32), `config.json`, `generation_config.json`, the
-tokenizer files, `int8.json` ({"format": FORMAT, "source": the float32 folder's identity}) and the cache's
+tokenizer files, `int8.json` ({"format": FORMAT, "source": the float32 folder's identity, "weight_limit": the
+|w| bound it was quantized with, `quant.weight_limit()`}) and the cache's
 READY marker, written last. Later loads build the architecture from the config with parameters on the meta
 device and fill it from those tensors (`quant.int8_from_state`): no float32 pass, and the same bits as
 quantizing at load (tests/test_quant_cache.py).
 
-A store is used only when it is READY, of this FORMAT and made from the float32 folder as it is now (the
-names, sizes and modification times of its files); anything else (a store of an older layout, a changed
+A store is used only when it is READY, of this FORMAT, made from the float32 folder as it is now (the
+names, sizes and modification times of its files) and with this machine's weight limit; anything else (a store of an older layout, a changed
 source, unreadable weights) is made again, with one line on stderr saying why. Writes go through
 `cache.atomic_path` under `cache.locked`, so a killed save leaves only a partial that no load reads.
 Copies of folders that no longer exist stay until `quantized/` is deleted. Bump FORMAT whenever the stored
@@ -35,7 +36,7 @@ from specdec.models import cache, convert, quant
 from specdec.models.cache import Progress
 
 FORMAT = 1  # layout of a store; a store of another format is made again
-MARKER = "int8.json"  # {"format": FORMAT, "source": identity of the float32 folder it was made from}
+MARKER = "int8.json"  # {"format": FORMAT, "source": the float32 folder's identity, "weight_limit": its |w| bound}
 WEIGHTS = "model.safetensors"
 CACHE_SOURCE = "cache (int8)"  # LoadedModel.source of a model read from its store
 UNREADABLE = (OSError, ValueError, KeyError, RuntimeError, SafetensorError)  # what a damaged store raises when read
@@ -93,6 +94,9 @@ def _problem(store: Path, identity: str) -> str | None:
         return f"its int8 copy has format {made_format}, this version reads format {FORMAT}"
     if made_from != identity:
         return "it changed since its int8 copy was made"
+    if marker.get("weight_limit", quant.INT8_MAX) != quant.weight_limit():
+        return (f"its int8 copy holds weights up to {marker.get('weight_limit', quant.INT8_MAX)}, and this machine's "
+                f"fast kernel sums exactly up to {quant.weight_limit()}")
     return None
 
 
@@ -107,7 +111,8 @@ def _write(model: torch.nn.Module, tokenizer, store: Path, identity: str) -> Non
         model.config.save_pretrained(partial)
         model.generation_config.save_pretrained(partial)
         tokenizer.save_pretrained(partial)
-        (partial / MARKER).write_text(json.dumps({"format": FORMAT, "source": identity}))
+        (partial / MARKER).write_text(json.dumps({"format": FORMAT, "source": identity,
+                                                  "weight_limit": quant.weight_limit()}))
         cache.mark_ready(partial)
 
 
