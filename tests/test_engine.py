@@ -197,9 +197,10 @@ def test_k_auto_prices_verification_with_the_calibrated_curve():
     flat = CostModel(TargetCosts(0.1, [1.0] * 9, "test"), 0.05, "test")
     steep = CostModel(TargetCosts(0.1, [1.0 + 0.6 * n for n in range(9)], "test"), 0.05, "test")
     controllers = {"flat": AdaptiveK(flat), "steep": AdaptiveK(steep)}
-    for controller in controllers.values():
+    for costs, controller in zip((flat, steep), controllers.values()):
         for accepted in [8, 6, 8, 3, 8, 7, 5, 8] * 4:  # a_i high but below 1 at every position
-            controller.observe(synthetic_round(8, accepted, draft_time=0.04, target_time=0.1))
+            # rounds that paid what the calibration says: 8 drafts at c = 0.05 steps, a verification of v(9) steps
+            controller.observe(synthetic_round(8, accepted, draft_time=8 * 0.05 * 0.1, target_time=0.1 * costs.v(9)))
     rates = controllers["steep"].position_rates()
     best_steep = controllers["steep"].next_k()
     expected = theory.tokens_per_round_by_k(rates)
@@ -217,6 +218,45 @@ def test_k_auto_falls_back_to_plain_steps_and_probes_again():
         controller.observe(synthetic_round(k, 0, draft_time=0.3 * k, target_time=1.0))
     assert chosen.count(0) >= 2 * PROBE_AFTER - 2
     assert 1 in chosen[PROBE_AFTER:]  # a probe after a stretch of k = 0
+
+
+def test_k_auto_prices_rounds_at_what_this_run_paid_not_the_calibration():
+    """A calibration that says drafting is free, in a run whose drafts cost half a step each and whose rounds
+    pay overhead besides their forwards: the controller goes by what the rounds cost."""
+    from specdec.core.costmodel import CostModel, TargetCosts
+    from specdec.core.schedule import AdaptiveK
+    optimistic = CostModel(TargetCosts(0.1, [1.0] * 9, "test"), 0.0, "test")
+    controller = AdaptiveK(optimistic)
+    for accepted in [0, 1] * 6:  # the first draft passes half the time
+        controller.observe(synthetic_round(4, accepted, draft_time=4 * 0.05, target_time=0.1))  # c = 0.5 measured
+    assert controller.prices.draft == pytest.approx(0.05) and controller.prices.step == pytest.approx(0.1)
+    assert controller.next_k() == 0  # 1.5 tokens for 1.5 steps at k = 1: no faster than plain steps
+    free = AdaptiveK(optimistic)
+    for accepted in [0, 1] * 6:
+        free.observe(synthetic_round(4, accepted, draft_time=0.0, target_time=0.1))
+    assert free.next_k() > 0  # the same acceptance with free drafts pays
+
+
+def test_k_auto_counts_the_overhead_of_rounds_and_keeps_a_margin():
+    """Per-round and per-draft overhead measured from the rounds' wall time: a draft that would win on forwards
+    alone loses once each drafted token's bookkeeping is paid; at k = 0 the price is the target alone's."""
+    from specdec.core.schedule import MARGIN, AdaptiveK
+    controller = AdaptiveK()
+    plain = synthetic_round(0, 0, draft_time=0.0, target_time=0.1)
+    plain.wall_time_s = 0.11  # 0.01 s besides the forward
+    drafted = synthetic_round(4, 3, draft_time=4 * 0.01, target_time=0.1)
+    drafted.wall_time_s = 0.1 + 0.04 + 0.01 + 4 * 0.1  # 0.1 s per drafted token besides its forward
+    for round_ in [plain, drafted] * 10:
+        controller.observe(round_)
+    assert controller.prices.base == pytest.approx(0.01) and controller.prices.extra == pytest.approx(0.1)
+    assert controller.round_time(0) == pytest.approx(0.11)
+    assert controller.next_k() == 0
+    cheap = AdaptiveK()
+    drafted.wall_time_s = 0.1 + 0.04 + 0.01  # no overhead per drafted token
+    for round_ in [plain, drafted] * 10:
+        cheap.observe(round_)
+    speeds = [e / cheap.round_time(k) for k, e in enumerate(theory.tokens_per_round_by_k(cheap.position_rates()))]
+    assert cheap.next_k() > 0 and max(speeds) >= speeds[0] * (1 + MARGIN)
 
 
 def test_k_auto_with_a_useless_draft_is_lossless_and_mostly_plain_steps(models):

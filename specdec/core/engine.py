@@ -120,6 +120,7 @@ def _generate(target_model, drafter, input_ids, schedule, max_new_tokens, temper
 
 def _round(verifier: CachedLM, drafter: Drafter, context: list[int], n: int,
            policy: SamplingPolicy, eos: set[int]) -> Round:
+    start = time.perf_counter()
     proposal = drafter.propose(context, n, policy) if n > 0 else Proposal([], None)
     drafts = proposal.token_ids
     # target_logits: [len(drafts)+1, V], row i = next-token logits after context + drafts[:i]
@@ -147,6 +148,7 @@ def _round(verifier: CachedLM, drafter: Drafter, context: list[int], n: int,
         target_top_logits=top.values.tolist(),
         draft_source=proposal.source if drafts else "",
         uniforms=list(verdict.uniforms),
+        wall_time_s=time.perf_counter() - start,
     )
 
 

@@ -1,29 +1,36 @@
 """How many tokens to draft next round: a fixed k, or k="auto" (a cost-aware controller).
 
 k="auto" rule (documented once, here). Before every round the controller picks the k in
-0..K_AUTO_MAX that maximises predicted tokens per unit of time,
+0..K_AUTO_MAX that maximises predicted tokens per second,
 
-    E_k / cost_k,   E_k = 1 + sum_{j<=k} prod_{i<=j} a_i   (`theory.tokens_per_round_by_k`)
-                    cost_k = v(k+1) + k*c                   (`specdec.costs.calibration`; v = 1 without a calibration)
+    E_k / time_k,   E_k = 1 + sum_{j<=k} prod_{i<=j} a_i            (`theory.tokens_per_round_by_k`)
+                    time_k = step·v(k+1) + k·(draft + extra) + base  (seconds, `RoundPrices`)
 
 where a_i is the running conditional acceptance at draft position i: accepted there / reached there,
 counts decayed by DECAY each round (recent rounds count most) and shrunk (PRIOR_ROUNDS pseudo-rounds)
 towards a_(i-1), the first towards the pooled rate, so a position seldom reached borrows the rate of the
-one before it. c is the
-calibrated draft cost, or the run's own measurement. k = 0 (a plain target step, cost v(1) = 1, one
-token) wins whenever no k is predicted to beat the target alone; after PROBE_AFTER rounds at k = 0 the
-controller drafts one token to look again. Until a round has been observed, k = K_AUTO_START.
+one before it. Every price is what this run paid, decayed like the counts: step = a target forward over
+one token at the run's context (verification time / v(n)), draft = one draft forward, extra = what a drafted
+token costs besides its forward (choosing it, its distribution), base = what a round costs besides its forwards
+(verification rule, logits); v(n) is the calibrated curve's shape (`specdec.costs.calibration`; v = 1 without
+one). Before a price is measured the calibration's is used (step_s, c·step_s), else Leviathan's (v = 1, c = 0).
+k = 0 (a plain target step: step + base for one token, the target alone's price) is chosen unless some k is
+predicted to beat it by MARGIN; after PROBE_AFTER rounds at k = 0 the controller drafts one token to look
+again. Until a round has been observed, k = K_AUTO_START.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 from specdec.core import theory
 from specdec.core.costmodel import CostModel
 from specdec.core.limits import K_AUTO_MAX, K_AUTO_START
-from specdec.core.trace import Round, ratio
+from specdec.core.trace import Round
 
 DECAY = 0.9  # weight of the past per round: about the last 10 rounds decide
 PRIOR_ROUNDS = 1.0  # pseudo-rounds at the pooled acceptance rate added to every position
 PROBE_AFTER = 8  # rounds of k = 0 before one probe with k = 1
+MARGIN = 0.05  # drafting must be predicted this much faster than a plain step to be chosen (noise, misprediction)
 
 
 def mean_draft_length(rounds: list[Round]) -> int:
@@ -45,23 +52,42 @@ class FixedK:
         pass
 
 
+@dataclass
+class RoundPrices:
+    """Seconds this run paid per unit of work, as decayed means (each None until measured)."""
+
+    step: float | None = None  # a target forward over one token: verification time / v(n)
+    draft: float | None = None  # one draft forward
+    extra: float | None = None  # per drafted token, besides its forward
+    base: float | None = None  # per round, besides its forwards
+    weights: dict = field(default_factory=dict)  # decayed sample count of each price
+
+    def add(self, name: str, value: float) -> None:
+        weight = self.weights.get(name, 0.0) * DECAY
+        old = getattr(self, name)
+        setattr(self, name, value if old is None else (old * weight + value) / (weight + 1.0))
+        self.weights[name] = weight + 1.0
+
+
 class AdaptiveK:
     """k="auto": the k (0 allowed) with the most predicted tokens per second, from acceptance and costs so far."""
 
     def __init__(self, costs: CostModel | None = None, k_max: int = K_AUTO_MAX):
-        self.costs = costs  # calibrated v(n) and c; None = v(n) = 1 and c measured in this run
+        self.costs = costs  # calibrated v(n) and c: v's shape, and the prices until this run has measured its own
         self.k_max = k_max
         self.reached = [0.0] * k_max  # decayed count of rounds that reached draft position i
         self.accepted = [0.0] * k_max  # decayed count of rounds that accepted it
         self.rounds_at_zero = 0  # consecutive rounds the controller chose k = 0
-        self.draft_time = self.target_time = 0.0  # for c when there is no calibration
-        self.draft_forwards = self.observed = 0
+        self.prices = RoundPrices()
+        self.observed = 0
 
     def next_k(self) -> int:
         if self.observed == 0:
             return min(K_AUTO_START, self.k_max)
-        gains = [e / self._cost(k) for k, e in enumerate(theory.tokens_per_round_by_k(self.position_rates()))]
-        best = max(range(len(gains)), key=lambda k: (gains[k], -k))
+        speeds = [e / self.round_time(k) for k, e in enumerate(theory.tokens_per_round_by_k(self.position_rates()))]
+        best = max(range(len(speeds)), key=lambda k: (speeds[k], -k))
+        if speeds[best] < speeds[0] * (1.0 + MARGIN):
+            best = 0
         self.rounds_at_zero = self.rounds_at_zero + 1 if best == 0 else 0
         if self.rounds_at_zero > PROBE_AFTER:
             self.rounds_at_zero = 0
@@ -88,21 +114,40 @@ class AdaptiveK:
         self.observed += 1
         self.reached = [x * DECAY for x in self.reached]
         self.accepted = [x * DECAY for x in self.accepted]
-        for i in range(min(len(round_.draft_token_ids), round_.num_accepted + 1, self.k_max)):
+        drafted = len(round_.draft_token_ids)
+        for i in range(min(drafted, round_.num_accepted + 1, self.k_max)):
             self.reached[i] += 1.0
             self.accepted[i] += i < round_.num_accepted
-        self.draft_time += round_.draft_time_s
-        self.draft_forwards += round_.draft_forwards
-        self.target_time += round_.target_time_s / self._v(len(round_.draft_token_ids) + 1)
+        self._observe_prices(round_, drafted)
 
-    def _cost(self, k: int) -> float:
-        """Target steps a round with k drafts costs: v(k+1) + k*c."""
-        return self._v(k + 1) + k * self._c()
+    def _observe_prices(self, round_: Round, drafted: int) -> None:
+        if round_.target_time_s > 0:
+            self.prices.add("step", round_.target_time_s / self._v(drafted + 1))
+        if round_.draft_forwards:
+            self.prices.add("draft", round_.draft_time_s / round_.draft_forwards)
+        if round_.wall_time_s <= 0:
+            return  # a round without its wall time (made by hand): forwards only
+        rest = max(round_.wall_time_s - round_.target_time_s - round_.draft_time_s, 0.0)
+        if drafted == 0:
+            self.prices.add("base", rest)
+        else:
+            self.prices.add("extra", max(rest - (self.prices.base or 0.0), 0.0) / drafted)
+
+    def round_time(self, k: int) -> float:
+        """Predicted seconds of a round with k drafts: step·v(k+1) + k·(draft + extra) + base."""
+        step = self._price("step")
+        return step * self._v(k + 1) + k * (self._price("draft") + self._price("extra")) + self._price("base")
+
+    def _price(self, name: str) -> float:
+        measured = getattr(self.prices, name)
+        if measured is not None:
+            return measured
+        step = self.prices.step or (self.costs.target.step_s if self.costs and self.costs.target.step_s > 0 else 1.0)
+        if name == "step":
+            return step
+        if name == "draft":
+            return self.costs.draft_cost * step if self.costs else 0.0
+        return 0.0
 
     def _v(self, n: int) -> float:
         return self.costs.v(n) if self.costs else 1.0
-
-    def _c(self) -> float:
-        if self.costs is not None:
-            return self.costs.draft_cost
-        return ratio(ratio(self.draft_time, self.draft_forwards), ratio(self.target_time, self.observed))

@@ -61,6 +61,7 @@ class Round:
     target_top_logits: list[list[float]] = field(default_factory=list)  # per row: their logits (explains near-ties)
     draft_source: str = ""  # which drafter proposed: "model", "lookup" ("" when nothing was proposed)
     uniforms: list[float] = field(default_factory=list)  # sampling: u per drafted position, kept iff u < min(1, p_target/p_draft)
+    wall_time_s: float = 0.0  # wall time of the whole round: its forwards plus choosing, verifying and keeping
 
     @property
     def is_bonus(self) -> bool:
