@@ -72,7 +72,7 @@ def test_registry_round_trip_lists_per_target_and_labels(paths):
 
 
 def test_an_aligned_draft_loads_by_name_and_greedy_output_is_the_target_alone(paths):
-    target, source = load_model(paths["target"]), load_model(paths["unaligned"])
+    target, source = load_model(paths["target"]), load_model(paths["unaligned"], role="train")
     made = service.transplant(target, source, name="tiny-code", domain="code")
     assert (made.target, made.source, made.method) == (str(Path(paths["target"]).resolve()),
                                                         str(Path(paths["unaligned"]).resolve()), "transplant")

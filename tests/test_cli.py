@@ -16,8 +16,13 @@ def folders(tmp_path_factory):
     return tiny_folder(root / "target", seed=0), tiny_folder(root / "draft", seed=0)
 
 
+FLOAT32 = ("--dtype", "float32", "--draft-dtype", "float32")  # the tiny pair is one model twice: every draft passes
+MODEL_COMMANDS = ("generate", "profile", "bench", "probe")
+
+
 def run(capsys, *argv) -> tuple[int, str, str]:
-    code = main(list(argv))
+    argv = list(argv) + (list(FLOAT32) if argv and argv[0] in MODEL_COMMANDS and "--dtype" not in argv else [])
+    code = main(argv)
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 

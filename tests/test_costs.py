@@ -80,16 +80,6 @@ def test_on_round_time_is_not_measured(pair):
     assert result.stats.wall_time_s < 0.2 * len(result.rounds) / 2
 
 
-@pytest.mark.parametrize("bf16, amx, device, expected", [
-    (True, False, "cpu", "bfloat16"), (False, True, "cpu", "bfloat16"), (False, False, "cpu", "float32"),
-    (False, False, "cuda", "bfloat16")])
-def test_auto_dtype_follows_the_hardware(monkeypatch, bf16, amx, device, expected):
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: bf16)
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
-    assert loading.resolve_dtype("auto", device) == expected
-    assert loading.resolve_dtype("float32", device) == "float32"
-
-
 def greedy_round(token, top):
     """A one-row round emitting `token`, with the target's top-2 {id: logit} of that row."""
     return Round([], [], [], [], 0, token, [token], 0.0, 0.01, 0, 0, [list(top)], [list(top.values())])

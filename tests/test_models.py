@@ -131,11 +131,13 @@ def test_check_pair_identical_padded_different():
     assert "python -m specdec align" in different.message and "text bridge" in different.message
 
 
-def test_load_draft_follows_target_dtype_and_respects_bridge_false(tmp_path):
+def test_load_draft_takes_its_own_format_and_respects_bridge_false(tmp_path):
     target = load_model(str(tiny_folder(tmp_path / "t")), dtype="bfloat16")
     other = tiny_folder(tmp_path / "d", words=WORDS[::-1] + ["x"])
     draft = load_draft(str(other), target, bridge=False)
-    assert isinstance(draft, LoadedModel) and draft.dtype == "bfloat16"
+    assert isinstance(draft, LoadedModel)  # auto: the format measured fastest here for a draft, not the target's
+    assert draft.dtype == load_model(str(other), role="draft").dtype
+    assert load_draft(str(other), target, dtype="int8-dynamic", bridge=False).dtype == "int8-dynamic"
     with pytest.raises(ValueError, match="bridge must be"):
         load_draft(str(other), target, bridge="yes")
     with pytest.raises(ValueError, match="self:8"):

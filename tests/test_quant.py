@@ -259,7 +259,7 @@ def test_load_model_int8_and_quant_argument(tmp_path):
     loaded = load_model(str(folder), quant="int8", device="cpu")
     assert loaded.dtype == "int8" and loaded.quant == "int8"
     assert isinstance(loaded.model.get_output_embeddings(), Int8Linear)
-    draft = load_draft(str(folder), loaded)  # a model draft follows the int8 target
+    draft = load_draft(str(folder), loaded, dtype="int8")  # a draft's format is its own: here asked for
     assert draft.dtype == "int8" and isinstance(draft.model.get_output_embeddings(), Int8Linear)
     plain = load_model(str(folder), dtype="float32", device="cpu")
     assert plain.quant == "none"

@@ -30,7 +30,7 @@ def start(hub, paths, sampling=False, k=3, max_new_tokens=24):
 
 
 def engine_result(paths, sampling=False, k=3, max_new_tokens=24):
-    target, draft = load_model(paths["target"]), load_model(paths["draft"])
+    target, draft = load_model(paths["target"]), load_model(paths["draft"], role="draft")  # as the app loads them
     return speculative_generate(target, draft, PROMPT, k=k, max_new_tokens=max_new_tokens,
                                 temperature=1.0 if sampling else 0.0, seed=0)
 

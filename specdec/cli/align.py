@@ -21,8 +21,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    target = load_model(args.target, dtype=args.dtype)
-    draft = load_model(args.draft, dtype=args.dtype)
+    target = load_model(args.target, dtype=args.dtype, role="train")
+    draft = load_model(args.draft, dtype=args.dtype, role="train")
     rows = vocab_size(target.model)
     summary = transplant_vocabulary(draft.model, draft.tokenizer, target.tokenizer, method=args.method, rows=rows)
     out = save_aligned(draft.model, target.tokenizer, args.out, summary)

@@ -70,7 +70,7 @@ def run(args) -> int:
     check_run_folder(out, replace(config, prompts=prompts_fingerprint(prompts)))  # before anything is written
     calibration = calibrate_self_auto(target, args, out) if SELF_AUTO in args.draft else None
     specs = [f"self:{calibration.best_layers}" if spec == SELF_AUTO else spec for spec in args.draft]
-    contenders = [calibrated(spec, load_draft(spec, target, dtype=args.dtype), target) for spec in specs]
+    contenders = [calibrated(spec, load_draft(spec, target, dtype=args.draft_dtype), target) for spec in specs]
     print(f"target {target.name} ({target.dtype}); drafts {', '.join(c.name for c in contenders)}; "
           f"{len(prompts)} prompts x k {args.k}; HF assisted for: "
           f"{', '.join(c.name for c in contenders if c.hf_assistant is not None) or 'none'}")

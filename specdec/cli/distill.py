@@ -117,8 +117,8 @@ def run(args) -> int:
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     check_run_folder(Path(args.out), args.resume, args.overwrite)
-    target = load_model(args.target, dtype=args.dtype)
-    draft = load_draft(args.draft, target, dtype=args.dtype, bridge=False)
+    target = load_model(args.target, dtype=args.dtype, role="train")
+    draft = load_draft(args.draft, target, dtype=target.dtype, bridge=False)
     check_vocabularies(target.model, draft.model)
     report = distill_to_folder(target, draft, [encode(p, target.tokenizer) for p in train],
                                [encode(p, target.tokenizer) for p in held_out], config, Path(args.out),

@@ -69,7 +69,7 @@ def run(args) -> int:
     for domain in domains:  # inputs first, then the models
         read_prompts(domain, args.split, args.train_limit)
         held_out_prompts(args.eval_prompts, domain, args.eval_limit)
-    target = load_model(args.target, dtype=args.dtype)
+    target = load_model(args.target, dtype=args.dtype, role="train")
     other = load_model(args.other_draft, dtype=target.dtype)
     for domain in domains:
         name = Path(domain).stem
@@ -95,7 +95,7 @@ def run_transplant_check(args) -> int:
 
     texts = [p.prompt for p in load_suite(args.prompts) if isinstance(p.prompt, str)] + list(DEFAULT_TEXTS)
     target_tokenizer = AutoTokenizer.from_pretrained(prepare(args.target)[0])
-    draft = load_model(args.draft)
+    draft = load_model(args.draft, role="train")
     print(f"{len(texts)} texts, {sum(map(len, texts))} characters; bits per character (lower is better):")
     print(f"  {draft.name} with its own tokenizer: {bits_per_character(draft.model, draft.tokenizer, texts):.3f}")
     for method in ("string", "index"):

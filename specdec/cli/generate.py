@@ -36,7 +36,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     target = load_model(args.target, dtype=args.dtype, quant=args.quant)
-    draft = load_draft(args.draft, target, dtype=args.dtype)
+    draft = load_draft(args.draft, target, dtype=args.draft_dtype)
     sampling = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                     seed=args.seed)
     costs = calibrate(target, draft, recalibrate=args.recalibrate)

@@ -37,7 +37,7 @@ def run(args) -> int:
     prompts = sample_prompts(load_suite(args.prompts), args.samples, args.seed)  # inputs first, then the models
     check_threshold(args.threshold)
     target = load_model(args.target, dtype=args.dtype)
-    draft = load_draft(args.draft, target, dtype=args.dtype)
+    draft = load_draft(args.draft, target, dtype=args.draft_dtype)
     report = probe(target, draft, prompts, threshold=args.threshold, k=args.k,
                    max_new_tokens=args.max_new_tokens, seed=args.seed, fallback=not args.no_fallback)
     if args.json:

@@ -72,7 +72,7 @@ def run(args) -> int:
         if args.breakdown:
             print_breakdowns(target.model, args.forwards)
         return 0
-    draft = load_draft(args.draft, target) if args.draft else None
+    draft = load_draft(args.draft, target, dtype=args.draft_dtype) if args.draft else None
     costs = calibrate(target, draft, recalibrate=args.recalibrate)
     source = "measured now" if costs.measured_now else "cached; --recalibrate measures again"
     print(f"{target.name} ({target.dtype}, {torch.get_num_threads()} threads), {source}")

@@ -32,8 +32,8 @@ def read_texts(path: str | None) -> list[str]:
 
 def run(args) -> int:
     texts = read_texts(args.texts)
-    target = load_model(args.target, dtype=args.dtype)
-    draft = load_model(args.draft, dtype=args.dtype)
+    target = load_model(args.target, dtype=args.dtype, role="train")
+    draft = load_model(args.draft, dtype=args.dtype, role="train")
     report = tokenizer_report(target.tokenizer, draft.tokenizer, texts, target_model=target.model,
                               draft_model=draft.model)
     print(json.dumps(report.to_dict(), ensure_ascii=False, indent=1) if args.json else format_report(report))

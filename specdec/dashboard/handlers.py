@@ -284,7 +284,7 @@ def prepare_aligned(hub: ModelHub, target, source, domain, name, progress=gr.Pro
         raise ValueError(f"domain must be one of the prompt suites: {', '.join(available_suites())}")
     name = aligned.check_name((name or "").strip() or aligned.name_for(f"{Path(source or '').name}-{domain}"))
     target_model = hub.target(target, progress=progress)
-    source_model = hub.model(source, "draft", progress=progress)
+    source_model = hub.model(source, "draft", progress=progress, load_as="train")
     card = service.transplant(target_model, source_model, name=name, domain=domain, progress=stages(progress))
     return (f"prepared **{aligned.label(card)}**: pick `{card.spec}` in a draft list, or distil it below",
             gr.update(choices=distillable(hub), value=card.spec))

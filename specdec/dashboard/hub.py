@@ -68,9 +68,11 @@ class ModelHub:
         other = self.default("unaligned-draft")
         return [(self.default("draft"), "as is"), (other, "naive ids"), (other, "text bridge")]
 
-    def model(self, name: str, role: str = "draft", progress=None):
-        """A model (not a drafter) the host allows as `role`, through the shared pool."""
-        return self.pool.get(self.check(name, role), dtype=self.config.dtype, progress=stages(progress))
+    def model(self, name: str, role: str = "draft", progress=None, load_as: str = "draft"):
+        """A model (not a drafter) the host allows as `role`, through the shared pool, loaded in the format
+        `load_as` takes ("draft", or "train" for a model to transplant or train: float32 under auto)."""
+        return self.pool.get(self.check(name, role), dtype=self.config.dtype, progress=stages(progress),
+                             role=load_as)
 
     def sources(self) -> list[str]:
         """Drafts an aligned draft can be made from: the catalogue's drafts of another tokenizer family."""

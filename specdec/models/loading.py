@@ -22,11 +22,12 @@ from pathlib import Path
 import torch
 
 from specdec.drafters import from_spec
-from specdec.models import aligned, cache, convert, entries, hub, quant_store
+from specdec.models import aligned, cache, convert, entries, formats, hub, quant, quant_store
 from specdec.models.cache import Progress
 from specdec.models.speed import apply_speed_levers
 
-QUANTS = ("none", "int8")  # --quant choices: "int8" is specdec.models.quant's row-invariant path
+QUANTS = ("none", "int8")  # --quant choices: "int8" is specdec.models.quant's row-invariant path (= dtype "int8")
+DTYPES = ("auto",) + formats.FORMATS  # --dtype choices: auto = the fastest format measured here (formats.py)
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 
@@ -65,69 +66,97 @@ def resolve_device(device: str = "auto") -> str:
     return device
 
 
-def native_bf16_cpu() -> bool:
-    """True when this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX tiles), per torch's own check."""
-    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
-
-
-def resolve_dtype(dtype="auto", device: str = "cpu") -> str:
-    """"float32", "bfloat16" or "int8". "auto": bfloat16 on a GPU and on a CPU with native bf16 kernels, else float32.
-
-    Without native bf16 (e.g. AVX-512 without its BF16 extension) a bf16 product of several rows is
-    emulated and slower than float32, so verification would lose its point (docs/performance.md).
-    "int8" (CPU only) is the row-invariant integer path of `specdec.models.quant`.
-    """
+def resolve_dtype(dtype="auto", device: str = "cpu", spec: str | None = None, role: str = "target",
+                  recalibrate: bool = False) -> str:
+    """One of `formats.FORMATS`. "auto": the format `formats.choose_format` measures fastest here for `role`
+    ("target" or "draft") of the model `spec` (cached per machine; a target takes a row-invariant format where one
+    is available); float32 for role "train" (a model that is trained or trains another) and without a spec. Aliases: torch.float32 / "fp32", torch.bfloat16 / "bf16"."""
     names = {torch.float32: "float32", torch.bfloat16: "bfloat16", "fp32": "float32", "bf16": "bfloat16"}
     dtype = names.get(dtype, dtype)
     if dtype == "auto":
-        return "bfloat16" if device != "cpu" or native_bf16_cpu() else "float32"
-    if dtype == "int8" and device == "cpu":
-        return dtype
-    if dtype not in convert.TORCH_DTYPES:
-        raise ValueError(f"dtype must be auto, float32, bfloat16 or int8 (CPU), got {dtype!r}")
+        if role == "train" or not spec:
+            return "float32"  # what training and a bare load compute in
+        return format_choice(spec, role, device, recalibrate).chosen
+    if dtype not in formats.FORMATS:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if dtype in formats.CPU_ONLY and device != "cpu":
+        raise ValueError(f"{dtype} runs on the CPU only (device {device})")
     return dtype
 
 
+def format_choice(spec: str, role: str = "target", device: str = "cpu", recalibrate: bool = False):
+    """`formats.choose_format` for the architecture of `spec`, read without loading its weights."""
+    return formats.choose_format(architecture(spec), role, device=device, recalibrate=recalibrate)
+
+
+def architecture(spec: str):
+    """The transformers config of `spec`: from a converted folder, the GGUF's metadata, or the model's folder."""
+    from transformers import AutoConfig
+
+    entry = entries.find(spec.strip())
+    if entry is not None:
+        converted = cache.converted_dtypes(entry.name)
+        if converted:
+            return AutoConfig.from_pretrained(cache.converted_dir(entry.name, converted[0]))
+        if entry.package and entry.package.installed():
+            gguf = _assembled(entry.package, None)
+            return AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    path = Path(spec.strip()).expanduser()
+    if path.suffix.lower() == ".gguf" and path.is_file():
+        return AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    _, folder, _ = _resolve(spec.strip(), "float32", None)
+    return AutoConfig.from_pretrained(folder)
+
+
 def load_model(spec: str, *, dtype="auto", device: str = "auto", trust_remote_code: bool = False,
-               progress: Progress | None = None, quant: str = "none") -> LoadedModel:
+               progress: Progress | None = None, quant: str = "none", role: str = "target") -> LoadedModel:
     """Load `spec` (see the module docstring) as a LoadedModel in eval mode.
 
-    quant="int8" (or dtype="int8"): the float32 model quantized by `quantize_int8` (its dtype reads "int8"),
-    stored once and read back by later loads (`specdec.models.quant_store`).
+    dtype: a weight format (`formats.FORMATS`), or "auto", the fastest measured here for `role` ("target" or
+    "draft"; `resolve_dtype`). "int8" (or quant="int8"): the float32 model quantized by `quantize_int8`, stored
+    once and read back by later loads (`specdec.models.quant_store`); "int8-dynamic": those int8 weights run by
+    fbgemm's dynamic quantization (`quant.couple_rows`, a draft's form).
     """
     if quant not in QUANTS:
         raise ValueError(f"quant must be one of {', '.join(QUANTS)}, got {quant!r}")
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError("a model spec must be a non-empty string: a catalogue name "
                          f"({', '.join(entries.names())}), a folder, a .gguf file or a hub id")
-    if quant == "int8" or dtype == "int8":
-        return _load_int8(spec, dtype, device, trust_remote_code, progress)
     start = time.perf_counter()
     device = resolve_device(device)
-    dtype = resolve_dtype(dtype, device)
+    if quant == "int8":
+        if dtype not in ("auto", "float32", "int8", torch.float32):
+            raise ValueError(f"quant int8 quantizes float32 weights; got dtype {dtype!r}")
+        dtype = "int8"
+    dtype = resolve_dtype(dtype, device, spec, role)
+    if dtype in formats.CPU_ONLY:
+        return _load_int8(spec, dtype, trust_remote_code, progress)
     name, folder, source = _resolve(spec.strip(), dtype, progress)
     model, tokenizer = _from_folder(folder, dtype, device, trust_remote_code)
     apply_speed_levers(model)
     return LoadedModel(name, model, tokenizer, source, folder, dtype, device, time.perf_counter() - start)
 
 
-def _load_int8(spec, dtype, device, trust_remote_code, progress) -> LoadedModel:
-    """The int8 model of `spec`'s float32 folder: from its int8 store, or quantized now and stored."""
-    if dtype not in ("auto", "float32", "int8", torch.float32) or resolve_device(device) != "cpu":
-        raise ValueError(f"int8 quantizes a float32 CPU load; got dtype {dtype!r} on {resolve_device(device)}")
+def _load_int8(spec, dtype, trust_remote_code, progress) -> LoadedModel:
+    """The int8 model of `spec`'s float32 folder (from its int8 store, or quantized now and stored), in `dtype`
+    ("int8", or "int8-dynamic": the same weights run by fbgemm's dynamic quantization)."""
     start = time.perf_counter()
     name, folder, source = _resolve(spec.strip(), "float32", progress)
     float32 = lambda: _from_folder(folder, "float32", "cpu", trust_remote_code)  # noqa: E731 - only when storing
     model, tokenizer, stored = quant_store.load_int8(folder, float32, trust_remote_code, progress)
     source = quant_store.CACHE_SOURCE if stored else source
-    return LoadedModel(name, model, tokenizer, source, folder, "int8", "cpu", time.perf_counter() - start)
+    if dtype == "int8-dynamic":
+        quant.couple_rows(model)
+    return LoadedModel(name, model, tokenizer, source, folder, dtype, "cpu", time.perf_counter() - start)
 
 
 def prepare(spec: str, *, dtype="auto", device: str = "auto", progress: Progress | None = None) -> tuple[Path, str]:
     """Make `spec` loadable offline in about a second (assemble, convert or download) without loading it.
 
     Returns (local folder, source it came from)."""
-    _, folder, source = _resolve(spec.strip(), resolve_dtype(dtype, resolve_device(device)), progress)
+    device = resolve_device(device)
+    dtype = resolve_dtype(dtype, device, spec)
+    _, folder, source = _resolve(spec.strip(), "float32" if dtype in formats.CPU_ONLY else dtype, progress)
     return folder, source
 
 
@@ -228,26 +257,31 @@ def add_model_arguments(parser, *, target_default: str | None = None) -> None:
                         help=f"target model: catalogue name (default pair: {entries.default_name('target')} + "
                              f"{entries.default_name('draft')}), local folder, .gguf file, hub id org/name, "
                              "or modelscope:org/name")
-    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16"), default="auto",
-                        help="weights dtype; auto = bfloat16 on a GPU or a CPU with native bf16 (AVX512-BF16/AMX), else float32")
+    parser.add_argument("--dtype", choices=DTYPES, default="auto",
+                        help="the target's weight format; auto = the fastest measured on this machine among those "
+                             "whose verification rows are bitwise its one-token steps (int8 on a CPU), else the "
+                             "fastest (cached per machine; --recalibrate measures again)")
     parser.add_argument("--quant", choices=QUANTS, default="none",
-                        help="int8: weights int8 per channel, activations int8 per token, integer GEMMs and per-row "
-                             "attention, so verification is bitwise the one-token steps (CPU; model drafts follow)")
+                        help="int8 (= --dtype int8): weights int8 per channel, activations int8 per token, integer "
+                             "GEMMs and per-row attention, so verification is bitwise the one-token steps (CPU)")
+    parser.add_argument("--draft-dtype", choices=DTYPES, default="auto",
+                        help="the draft's weight format, apart from the target's: a draft's precision never "
+                             "changes the output; auto = the fastest measured on this machine")
 
 
 def load_draft(spec: str, target: LoadedModel, *, dtype="auto", bridge="auto", device: str = "auto",
                pool=None, progress: Progress | None = None):
     """A draft for `target` by `specdec.drafters.from_spec`: "lookup", "self:L", "MODEL+lookup" or a model.
 
-    A model draft loads with `load_model` (or through `pool`, a ModelPool); dtype "auto" follows the
-    target's. bridge: "auto" (text bridge only when the tokenizers differ), True (always), False (ids as
+    A model draft loads with `load_model` (or through `pool`, a ModelPool) in `dtype`, apart from the target's;
+    "auto" = the fastest format measured here for a draft (`resolve_dtype`, role "draft"). bridge: "auto" (text bridge only when the tokenizers differ), True (always), False (ids as
     they are: the engine refuses a different vocabulary) or "naive" (ids fed across vocabularies).
     """
 
     modes = {"auto": "auto", True: "bridge", False: "as is", "naive": "naive"}
     if bridge not in modes:
         raise ValueError(f"bridge must be 'auto', True, False or 'naive', got {bridge!r}")
-    dtype = target.dtype if dtype == "auto" or target.dtype == "int8" else dtype  # an int8 target: int8 drafts
     load = pool.get if pool is not None else load_model
-    return from_spec(spec, target, load=lambda name: load(name, dtype=dtype, device=device, progress=progress),
+    return from_spec(spec, target, load=lambda name: load(name, dtype=dtype, device=device, progress=progress,
+                                                          role="draft"),
                      vocabulary=modes[bridge])

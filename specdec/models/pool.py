@@ -27,7 +27,8 @@ from specdec.models.loading import LoadedModel, load_draft, load_model, resolve_
 BUDGET_FRACTION = 0.6  # default budget: this share of the memory limit
 CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"),  # cgroup v2
                  Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))  # cgroup v1
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "int8": 2}  # int8: its weights plus the kernel's packed copy
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "int8": 2, "int8-dynamic": 2,  # int8: weights plus the packed copy
+               "auto": 4}  # auto: not measured before the first load, so the widest format is reserved
 SCALES = {"K": 1e3, "M": 1e6, "B": 1e9}  # suffixes of a catalogue entry's parameter count
 
 
@@ -95,12 +96,13 @@ class ModelPool:
         self._reserved: dict[tuple, int] = {}  # estimates of the loads in progress
 
     def get(self, spec: str, *, dtype="auto", device: str = "auto", trust_remote_code: bool = False,
-            progress=None) -> LoadedModel:
-        """The model for `spec`, loaded on first use."""
+            progress=None, role: str = "target") -> LoadedModel:
+        """The model for `spec`, loaded on first use (dtype "auto": the format measured fastest here for `role`)."""
         if not isinstance(spec, str) or not spec.strip():
             raise ValueError(f"a model spec must be a non-empty string, got {spec!r}")
         device = resolve_device(device)
-        key = (pool_key(spec), resolve_dtype(dtype, device), device, trust_remote_code)
+        dtype = dtype if dtype == "auto" else resolve_dtype(dtype, device)  # auto: measured at the first load
+        key = (pool_key(spec), dtype, role, device, trust_remote_code)
         with self._lock:
             key_lock = self._key_locks.setdefault(key, threading.Lock())
         with key_lock:
@@ -110,8 +112,8 @@ class ModelPool:
                     return self._models[key]
             self._make_room(key, self.estimate(key[0], key[1]))
             try:
-                loaded = self.loader(key[0], dtype=key[1], device=device, trust_remote_code=trust_remote_code,
-                                     progress=progress)
+                loaded = self.loader(key[0], dtype=dtype, device=device, trust_remote_code=trust_remote_code,
+                                     progress=progress, role=role)
             finally:
                 with self._lock:
                     self._reserved.pop(key, None)

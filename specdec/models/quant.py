@@ -153,13 +153,29 @@ class Int8Linear(torch.nn.Module):
         self.register_buffer("weight", weight)
         self.register_buffer("weight_scale", weight_scale)
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+        self.coupled = None  # fbgemm's dynamic-quantization copy, once `couple_rows` made the layer a draft's
         fits = not weight.numel() or int(weight.abs().max()) <= weight_limit()  # a stored weight may be wider
         self.packed = _pack(self.weight) if fits and fbgemm_is_exact() else None  # fbgemm's copy of `weight`
         if self.packed is not None and not _same_sums(self.packed, self.weight):
             self.packed = None  # never seen; a kernel path for this shape that is not exact falls back
 
+    def couple_rows(self) -> None:
+        """Run as fbgemm's dynamic int8 Linear: the weight packed with its scales and bias, one activation scale per
+        tensor (see `couple_rows` below: a draft's form, rows not independent). The 7-bit activations of
+        `reduce_range` where this machine's fbgemm does not sum 8-bit weights exactly (16-bit pair sums)."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            weight = torch._make_per_channel_quantized_tensor(
+                self.weight, self.weight_scale.double(), torch.zeros(self.out_features, dtype=torch.long), 0)
+        self.coupled = torch.ops.quantized.linear_prepack(weight, self.bias)
+        self.reduce_range = not fbgemm_exact_for(INT8_MAX)
+        self.packed = None  # the row-invariant copy is not used any more
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)  # [M, in], M = tokens
+        if self.coupled is not None:
+            y = torch.ops.quantized.linear_dynamic(rows.float(), self.coupled, self.reduce_range)  # [M, out]
+            return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
         x_q, x_scale = _quantize_rows(rows.float())
         if self.packed is not None and rows.shape[0] >= FBGEMM_MIN_ROWS:
             sums = _fbgemm_mm(x_q, self.packed)  # [M, out]
@@ -323,6 +339,22 @@ def _share_inputs(model: torch.nn.Module, layer) -> None:
             for name, module in zip(names, modules):
                 setattr(parent, name, Int8Slice(shared, start, start + module.out_features))
                 start += module.out_features
+
+
+def couple_rows(model: torch.nn.Module) -> torch.nn.Module:
+    """Turn an int8 model (`quantize_int8`, `int8_from_state`) into fbgemm's own dynamic quantization, in place: each
+    int8 layer's weight packed with its real per-channel scales, activations quantized with one scale per tensor
+    inside the kernel (`quantized::linear_dynamic`), attention back to SDPA. One op per layer instead of a
+    dozen, so the cheapest per-token form on CPUs with fbgemm, but rows are no longer computed alone: a draft's
+    form (verification decides the output, so a draft's precision never changes it), never a target's.
+    """
+    for module in model.modules():
+        if isinstance(module, Int8Linear):
+            module.couple_rows()
+    for config in (model.config, *[getattr(model.config, key) for key in model.config.sub_configs]):
+        if config is not None:
+            config._attn_implementation = "sdpa"
+    return model
 
 
 def is_quantized(model: torch.nn.Module) -> bool:

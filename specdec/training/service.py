@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 from specdec.core.suites import available_suites, encode, load_suite
-from specdec.models import cache
+from specdec.models import cache, formats
 from specdec.models.aligned import Card, check_name, folder, loaded_id, read_card, register, register_distilled, root
 from specdec.models.loading import load_model
 from specdec.training.align import save_aligned, transplanted
@@ -18,6 +18,9 @@ from specdec.training.distill import DistillConfig, DistillReport, Example, cach
 def transplant(target, source, *, name: str, domain: str = "", progress=None) -> Card:
     """Transplant `source` (a LoadedModel of another family) onto `target`'s tokenizer, no training, and
     register it as `name`; `progress(stage, fraction)` hears the stages. `source` itself is left untouched."""
+    if source.dtype in formats.CPU_ONLY:
+        raise ValueError(f"{source.name} is loaded in {source.dtype}: a transplant rebuilds float weights (load it "
+                         "with role 'train')")
     check_name(name)
     cache.remove(runs_root() / name)  # an earlier distillation of that name trained other weights
     say = progress or (lambda stage, fraction: None)
@@ -52,7 +55,7 @@ def distil(target, name: str, *, steps: int, max_new_tokens: int = 32, train_lim
     train, held_out = ([encode(p, target.tokenizer) for p in load_suite(card.domain, split=split, limit=limit)]
                        for split, limit in (("dev", train_limit), ("heldout", None)))
     config = DistillConfig(steps=steps, batch_size=batch_size, eval_every=0, checkpoint_every=max(1, steps // 4))
-    dtype = "float32" if target.dtype == "int8" else target.dtype  # an int8 model is not trained
+    dtype = "float32" if target.dtype in formats.CPU_ONLY else target.dtype  # an int8 model is not trained
     draft = load_model(card.spec, dtype=dtype, device=target.device)
     out = runs_root() / name
     report = distill_to_folder(target, draft, train, held_out[:eval_limit], config, out,

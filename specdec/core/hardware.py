@@ -1,0 +1,56 @@
+"""What a measurement ran on: CPU model and vector features, threads, GPU, torch. One description, used by every
+cache key and every report that says where a number comes from."""
+from __future__ import annotations
+
+import functools
+import platform
+from pathlib import Path
+
+import torch
+
+VECTOR_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16",
+                "amx_tile", "amx_bf16", "amx_int8", "neon", "asimd", "sve")  # the flags reports show
+
+
+@functools.cache
+def cpu() -> dict:
+    """{"model": the CPU's model name, "flags": its feature flags (sorted)} from /proc/cpuinfo where there is one."""
+    model, flags = platform.processor() or platform.machine(), []
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() == "model name" and value.strip():
+            model = value.strip()
+        elif name.strip() in ("flags", "Features") and not flags:
+            flags = sorted(set(value.split()))
+    return {"model": model, "flags": flags}
+
+
+def vector_features() -> list[str]:
+    """The CPU's vector features among VECTOR_FLAGS, for reports (never to choose a path: that is measured)."""
+    have = set(cpu()["flags"])
+    return [flag for flag in VECTOR_FLAGS if flag in have]
+
+
+def gpu(device: str = "cuda") -> str | None:
+    """The GPU's name, or None without CUDA."""
+    return torch.cuda.get_device_name(torch.device(device)) if torch.cuda.is_available() else None
+
+
+def describe(device: str = "cpu") -> dict:
+    """Everything a timing depends on besides the model: CPU model and all its flags, threads, GPU, torch."""
+    about = {"cpu": cpu()["model"], "cpu_flags": cpu()["flags"], "threads": torch.get_num_threads(),
+             "torch": torch.__version__, "device": device}
+    if device != "cpu":
+        about["gpu"] = gpu(device)
+    return about
+
+
+def summary(device: str = "cpu") -> str:
+    """One line: the CPU model, its vector features, threads (and the GPU on a GPU device)."""
+    line = f"{cpu()['model']} ({', '.join(vector_features()) or 'no listed vector features'}), " \
+           f"{torch.get_num_threads()} threads"
+    return f"{gpu(device)} on {line}" if device != "cpu" and gpu(device) else line

@@ -1,0 +1,197 @@
+"""Which weight format runs a model fastest on this machine: measured here, never read off CPU flags.
+
+The formats (`FORMATS`): float32; bfloat16; int8, the row-invariant integer path of `specdec.models.quant`
+(verification rows bitwise one-token steps, so greedy output equals the target alone by construction); and
+int8-dynamic, fbgemm's own dynamic quantization (`quant.couple_rows`: one op per layer, rows not independent).
+
+`choose_format(config, role)` times each candidate on a random-weight model of `config`'s real architecture
+(v(n) and c depend on shapes, not values) at two depths, LAYERS, and extrapolates to the model's depth:
+t(L) = fixed + L·per_layer, so the head, the embeddings and every layer's shapes are those of the real model
+while a calibration takes seconds. The rule:
+
+- a target takes the fastest format whose verification rows are its one-token steps (ROW_INVARIANT), and the
+  fastest of all only where none is available;
+- a draft takes the fastest format of all: verification decides the output, so a draft's precision never changes
+  it, only how often its tokens pass.
+
+Timings are cached as JSON under `$SPECDEC_CACHE/costs/`, keyed by the hardware (CPU model and flags, threads,
+GPU), torch's version, METHOD, the kernel path (`quant.weight_limit()`), the architecture's shapes and the
+candidates, so no timing outlives the path it measured; `recalibrate=True` measures again.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+from transformers.initialization import no_init_weights
+
+from specdec.core import hardware
+from specdec.core.kv import CachedLM
+from specdec.models import cache, quant
+from specdec.models.speed import apply_speed_levers
+
+FORMATS = ("float32", "bfloat16", "int8", "int8-dynamic")  # weight formats a model can run in here
+ROW_INVARIANT = ("int8",)  # formats whose verification rows are bitwise one-token steps
+CPU_ONLY = ("int8", "int8-dynamic")  # formats with CPU kernels only
+ROLES = ("target", "draft")
+LAYERS = (1, 4)  # depths timed; the model's depth is extrapolated from these two
+CONTEXT = 64  # tokens in the cache before each timed forward
+VERIFY_ROWS = 5  # rows of the timed verification forward (k = 4 drafts + the target's token)
+REPEATS = 5  # timed forwards per depth and size, interleaved across formats; the median is kept
+METHOD = 1  # bump when what a format calibration measures changes
+
+
+@dataclass
+class FormatTiming:
+    """One format's measured forward times at the model's depth (seconds, extrapolated)."""
+
+    format: str
+    step_s: float  # a one-token forward after CONTEXT tokens
+    verify_s: float  # a VERIFY_ROWS-token forward after CONTEXT tokens
+
+    @property
+    def verify_steps(self) -> float:
+        """v(VERIFY_ROWS): the verification forward in one-token steps."""
+        return self.verify_s / self.step_s
+
+
+@dataclass
+class FormatChoice:
+    """The format chosen for one role, why, and what every candidate measured."""
+
+    role: str  # "target" or "draft"
+    chosen: str  # one of FORMATS
+    reason: str  # one sentence
+    timings: list[FormatTiming]
+    key: str  # what was measured: hardware, torch, kernel path, shapes, candidates
+    measured_now: bool = field(default=False)  # False when read from the cache
+
+    def describe(self) -> str:
+        """One line per candidate, fastest first, the chosen one marked."""
+        lines = [f"{self.role} format: {self.chosen} ({self.reason})"]
+        for t in sorted(self.timings, key=lambda t: t.step_s):
+            mark = "*" if t.format == self.chosen else " "
+            lines.append(f" {mark} {t.format:<13} step {t.step_s * 1e3:7.1f} ms   v({VERIFY_ROWS}) {t.verify_steps:4.2f}"
+                         f"{'   row-invariant' if t.format in ROW_INVARIANT else ''}")
+        return "\n".join(lines)
+
+
+def candidates(role: str, device: str = "cpu") -> tuple[str, ...]:
+    """The formats `role` may run in on `device`."""
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+    allowed = FORMATS if device == "cpu" else tuple(f for f in FORMATS if f not in CPU_ONLY)
+    return allowed if role == "draft" else tuple(f for f in allowed if f != "int8-dynamic")
+
+
+def choose_format(config, role: str, *, device: str = "cpu", recalibrate: bool = False,
+                  cache_dir: str | Path | None = None, repeats: int = REPEATS) -> FormatChoice:
+    """The fastest format for `role` of a model with this transformers `config`, on this machine (see module doc)."""
+    formats = candidates(role, device)
+    key = _key(config, formats, device)
+    folder = Path(cache_dir) if cache_dir is not None else cache.root() / "costs"
+    stored = None if recalibrate else _read(folder / f"formats-{key}.json")
+    timings = stored if stored is not None else time_formats(config, formats, device=device, repeats=repeats)
+    if stored is None:
+        cache.write_text(folder / f"formats-{key}.json", json.dumps([asdict(t) for t in timings]))
+    return _choose(role, timings, key, measured_now=stored is None)
+
+
+def _choose(role: str, timings: list[FormatTiming], key: str, measured_now: bool) -> FormatChoice:
+    fastest = min(timings, key=lambda t: t.step_s)
+    if role == "draft":
+        return FormatChoice(role, fastest.format, "the fastest here; a draft's precision never changes the output",
+                            timings, key, measured_now)
+    exact = [t for t in timings if t.format in ROW_INVARIANT]
+    if exact:
+        best = min(exact, key=lambda t: t.step_s)
+        return FormatChoice(role, best.format, "the fastest here whose verification rows are its one-token steps",
+                            timings, key, measured_now)
+    return FormatChoice(role, fastest.format, "the fastest here (no row-invariant format on this device)",
+                        timings, key, measured_now)
+
+
+def time_formats(config, formats, *, device: str = "cpu", repeats: int = REPEATS) -> list[FormatTiming]:
+    """Each format's one-token and VERIFY_ROWS-token forward at `config`'s depth, from random-weight models at the
+    depths LAYERS, the formats interleaved round by round (medians of `repeats`)."""
+    depth = config.num_hidden_layers
+    runs = {(f, layers): _Timed(build(config, f, layers, device)) for f in formats for layers in LAYERS}
+    samples = {run: ([], []) for run in runs}
+    for _ in range(repeats):
+        for run, timed in runs.items():
+            samples[run][0].append(timed.forward(1))
+            samples[run][1].append(timed.forward(VERIFY_ROWS))
+    medians = {run: tuple(statistics.median(s) for s in pair) for run, pair in samples.items()}
+    low, high = LAYERS
+    timings = []
+    for f in formats:
+        at = [medians[(f, low)], medians[(f, high)]]
+        per_layer = [max((at[1][i] - at[0][i]) / (high - low), 0.0) for i in range(2)]
+        full = [at[0][i] + (depth - low) * per_layer[i] for i in range(2)]
+        timings.append(FormatTiming(f, full[0], full[1]))
+    return timings
+
+
+def build(config, format_: str, layers: int, device: str = "cpu") -> torch.nn.Module:
+    """A random-weight model of `config`'s architecture with `layers` decoder layers, in `format_`, in eval mode."""
+    shallow = copy.deepcopy(config)
+    shallow.num_hidden_layers = layers
+    for name in ("layer_types", "mlp_only_layers"):  # per-layer lists follow the depth
+        if isinstance(getattr(shallow, name, None), list):
+            setattr(shallow, name, getattr(shallow, name)[:layers])
+    dtype = torch.bfloat16 if format_ == "bfloat16" else torch.float32
+    with no_init_weights():  # values are filled below, cheaply: timings depend on shapes, not values
+        model = AutoModelForCausalLM.from_config(shallow, dtype=dtype).eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
+    return to_format(model.to(device), format_)
+
+
+def to_format(model: torch.nn.Module, format_: str) -> torch.nn.Module:
+    """`model` (float32 or bfloat16 as loaded) in `format_`, with the load-time speed levers; in place."""
+    if format_ in ("int8", "int8-dynamic"):
+        quant.quantize_int8(model.float())
+        return quant.couple_rows(model) if format_ == "int8-dynamic" else model
+    apply_speed_levers(model)
+    return model
+
+
+class _Timed:
+    """A model with CONTEXT tokens cached; `forward(n)` times n new tokens after them (rolled back each time)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.lm = CachedLM(model)
+        rows = model.get_output_embeddings().weight.shape[0]
+        self.base = [(7 + 7919 * i) % (rows - 10) + 5 for i in range(CONTEXT)]
+        self.lm.prefill(self.base + [self.base[0]])
+        self.forward(1)  # warm-up
+
+    def forward(self, n: int) -> float:
+        cached_next = self.lm.token_ids[len(self.base):len(self.base) + 1]
+        first = 2 if cached_next == [1] else 1  # differs from what is cached, so the rollback keeps exactly `base`
+        feed = self.lm.pending(self.base + [first] + [3] * (n - 1))  # [n] new tokens
+        return self.lm.forward(feed, logits_to_keep=n)[1]
+
+
+def _key(config, formats, device: str) -> str:
+    shapes = {name: getattr(config, name, None) for name in (
+        "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+        "num_key_value_heads", "vocab_size", "tie_word_embeddings")}
+    about = {"hardware": hardware.describe(device), "method": METHOD, "weight_limit": quant.weight_limit(),
+             "shapes": shapes, "formats": list(formats), "context": CONTEXT}
+    return hashlib.sha256(json.dumps(about, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def _read(path: Path) -> list[FormatTiming] | None:
+    try:
+        return [FormatTiming(**row) for row in json.loads(path.read_text())]
+    except (OSError, ValueError, TypeError):
+        return None  # absent or unreadable: measured again

@@ -1,0 +1,107 @@
+"""The weight format chosen by measurement on this machine (specdec.models.formats), and the draft's precision
+apart from the target's: greedy output and the sampling law stay the target's."""
+import pytest
+import torch
+
+from specdec import autoregressive_generate, speculative_generate
+from specdec.core import hardware
+from specdec.models import formats, loading, quant
+from specdec.models.formats import FormatTiming
+from specdec.testing import perturbed_copy, tiny_config, tiny_folder, tiny_model
+from test_sampling import PROMPT, TEMPERATURE, TOP_P, chi_square_p_value, draw_first_two, exact_law_of_two_tokens
+
+TIMINGS = [FormatTiming("float32", 0.30, 0.90), FormatTiming("bfloat16", 0.10, 0.11),
+           FormatTiming("int8", 0.15, 0.16), FormatTiming("int8-dynamic", 0.05, 0.12)]
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def measured(monkeypatch):
+    """time_formats replaced by TIMINGS (for the candidates asked), counting its calls."""
+    calls = []
+
+    def timed(config, candidates, **kwargs):
+        calls.append(list(candidates))
+        return [t for t in TIMINGS if t.format in candidates]
+
+    monkeypatch.setattr(formats, "time_formats", timed)
+    return calls
+
+
+def test_a_target_takes_the_fastest_row_invariant_format_and_a_draft_the_fastest(measured):
+    config = tiny_config("qwen2")
+    target = formats.choose_format(config, "target")
+    assert target.chosen == "int8" and "one-token steps" in target.reason  # bfloat16 is faster, but not exact
+    assert "int8-dynamic" not in measured[0]  # never a target's
+    draft = formats.choose_format(config, "draft")
+    assert draft.chosen == "int8-dynamic" and "never changes the output" in draft.reason
+    assert "int8      " not in draft.describe().split("\n")[1]  # fastest first, marked
+    assert draft.describe().split("\n")[1].startswith(" * int8-dynamic")
+
+
+def test_on_a_gpu_the_cpu_only_formats_are_not_candidates(measured):
+    choice = formats.choose_format(tiny_config("llama"), "target", device="cuda")
+    assert measured[0] == ["float32", "bfloat16"] and choice.chosen == "bfloat16"
+    assert "no row-invariant format" in choice.reason
+
+
+def test_a_choice_is_cached_per_machine_kernel_path_and_shape_and_measured_again_on_request(measured, monkeypatch):
+    config = tiny_config("llama")
+    first = formats.choose_format(config, "target")
+    again = formats.choose_format(config, "target")
+    assert len(measured) == 1 and first.measured_now and not again.measured_now and again.chosen == first.chosen
+    formats.choose_format(config, "target", recalibrate=True)
+    assert len(measured) == 2
+    formats.choose_format(tiny_config("llama", hidden=32), "target")  # other shapes
+    assert len(measured) == 3
+    monkeypatch.setattr(quant, "weight_limit", lambda: 63)  # another int8 kernel path (AVX2 without VNNI)
+    formats.choose_format(config, "target")
+    assert len(measured) == 4
+    about = hardware.describe()
+    monkeypatch.setattr(hardware, "describe", lambda device="cpu": {**about, "cpu": "another CPU"})
+    formats.choose_format(config, "target")
+    assert len(measured) == 5
+
+
+def test_every_format_is_timed_on_the_architecture_with_random_weights():
+    timings = formats.time_formats(tiny_config("qwen2", hidden=32, layers=6), formats.FORMATS, repeats=2)
+    assert [t.format for t in timings] == list(formats.FORMATS)
+    assert all(t.step_s > 0 and t.verify_s > 0 for t in timings)
+
+
+def test_load_model_auto_loads_the_measured_choice_for_its_role(tmp_path, measured):
+    folder = str(tiny_folder(tmp_path / "model", seed=0, arch="qwen2"))
+    target = loading.load_model(folder)
+    draft = loading.load_model(folder, role="draft")
+    assert target.dtype == "int8" and quant.is_quantized(target.model)
+    assert draft.dtype == "int8-dynamic"
+    assert all(m.coupled is not None for m in draft.model.modules() if isinstance(m, quant.Int8Linear))
+    assert loading.load_model(folder, role="train").dtype == "float32"  # what training computes in
+    assert loading.load_model(folder, dtype="bfloat16").dtype == "bfloat16"  # an explicit format is kept
+
+
+@pytest.mark.parametrize("draft_format", ["bfloat16", "int8", "int8-dynamic"])
+def test_a_draft_in_another_format_than_the_target_keeps_greedy_output(draft_format):
+    target = tiny_model("qwen2", seed=0)
+    draft = formats.to_format(perturbed_copy(target, noise=0.05), draft_format)
+    if draft_format == "bfloat16":
+        draft = draft.to(torch.bfloat16)
+    alone = autoregressive_generate(target, PROMPT, max_new_tokens=24, eos_token_id=[])
+    result = speculative_generate(target, draft, PROMPT, k=4, max_new_tokens=24, eos_token_id=[])
+    assert result.token_ids == alone.token_ids
+    assert sum(r.num_accepted for r in result.rounds) > 0  # the quantized draft still proposes what the target keeps
+
+
+def test_a_quantized_draft_keeps_the_targets_sampling_law():
+    target = tiny_model("llama", seed=3, vocab_size=48)
+    draft = formats.to_format(perturbed_copy(target, noise=0.6, seed=5), "int8-dynamic")
+    first_law, second_law = exact_law_of_two_tokens(target)
+    first, second = draw_first_two(lambda seed: speculative_generate(
+        target, draft, PROMPT, k=2, max_new_tokens=3, temperature=TEMPERATURE, top_p=TOP_P, seed=seed,
+        eos_token_id=[]).token_ids)
+    assert chi_square_p_value(first, first_law) > 1e-3
+    assert chi_square_p_value(second, second_law) > 1e-3
