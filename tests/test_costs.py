@@ -28,8 +28,8 @@ def test_predicted_speedup_is_the_formula():
             expected = theory.expected_tokens_per_step(alpha, k) / (costs.v(k + 1) + k * 0.25)
             assert costs.predicted_speedup(alpha, k) == pytest.approx(expected)
     assert costs.v(7) == pytest.approx(2.0 + 2 * 0.4)  # extended linearly past the calibrated sizes
-    assert theory.walltime_speedup(0.8, 5, 0.0) == pytest.approx(3.6893, abs=1e-4)  # Leviathan's Table 1
-    assert assumed_costs(0.3).predicted_speedup(0.7, 3) == pytest.approx(theory.walltime_speedup(0.7, 3, 0.3))
+    assert theory.leviathan_bound(0.8, 5, 0.0) == pytest.approx(3.6893, abs=1e-4)  # Leviathan's Table 1
+    assert assumed_costs(0.3).predicted_speedup(0.7, 3) == pytest.approx(theory.leviathan_bound(0.7, 3, 0.3))
 
 
 def test_calibration_is_measured_once_then_cached_and_recalibrated_on_request(pair, tmp_path):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Callable
 
@@ -31,7 +31,7 @@ from specdec.core.engine import autoregressive_generate, speculative_generate
 from specdec.core.inputs import resolve_eos, unwrap
 from specdec.core.limits import K_AUTO_START
 from specdec.core.suites import Prompt, encode
-from specdec.core.trace import explain_divergence, first_divergence, ratio
+from specdec.core.trace import Counts, explain_divergence, first_divergence, ratio
 from specdec.lab.bench.store import RESULTS_CSV, append_row, check_run_folder, read_rows, row_key, write_csv
 from specdec.lab.measure import Timed, WARMUP_TOKENS, time_median, warm_up
 
@@ -47,6 +47,7 @@ class BenchConfig:
     seed: int = 0  # sampling seed (the same for every method and repeat)
     dtype: str = "float32"  # weights dtype, for the record
     prompts: str = ""  # fingerprint of the prompts (ids and texts), filled in by run_bench: one folder, one suite
+    row_format: int = 2  # what a row holds (2: the engine's Counts): a folder of older rows is not resumed
 
 
 @dataclass
@@ -147,7 +148,6 @@ def _cell(target_model, entry: Contender, k, prompt: Prompt, ids: list[int], con
     assisted = (time_median(_hf(target_model, entry.hf_assistant, ids, k, config), config.repeats)
                 if entry.hf_assistant is not None else None)
     stats = ours.output.stats
-    rounds = ours.output.rounds
     greedy = config.temperature == 0
     return {
         "target": config.target, "draft": entry.name, "draft_weights": entry.weights, "k": str(k),
@@ -164,10 +164,7 @@ def _cell(target_model, entry: Contender, k, prompt: Prompt, ids: list[int], con
         "hf_plain_s": _field(plain, "seconds"), "hf_plain_tok_s": _field(plain, "tokens_per_s"),
         "speedup_vs_target_alone": ratio(ours.tokens_per_s, alone.tokens_per_s),
         "speedup_vs_hf_assisted": ratio(ours.tokens_per_s, assisted.tokens_per_s) if assisted else None,
-        "rounds": stats.rounds, "draft_tokens": stats.draft_tokens, "accepted_tokens": stats.accepted_tokens,
-        "rejections": stats.rejections, "round_draft_forwards": sum(r.draft_forwards for r in rounds),
-        "prefill_time_s": stats.prefill_time_s, "draft_time_s": stats.draft_time_s,
-        "target_time_s": stats.target_time_s, "engine_wall_s": stats.wall_time_s,
+        **count_fields(stats.counts), "engine_wall_s": stats.wall_time_s,
         **metric_fields(stats),
         "calibrated_c": entry.costs.draft_cost if entry.costs else None,
         "verify_curve": entry.costs.target.verify if entry.costs else None,
@@ -179,12 +176,25 @@ def _cell(target_model, entry: Contender, k, prompt: Prompt, ids: list[int], con
     }
 
 
+ROW_NAMES = {"emitted_tokens": "new_tokens", "wall_time_s": "ours_s"}  # counts a row holds under its own names
+
+
+def count_fields(counts: Counts) -> dict:
+    """A bench row's counters: `specdec.core.trace.Counts` of the first run, except those ROW_NAMES lists
+    (the row's new_tokens, and its median wall time ours_s)."""
+    return {name: value for name, value in asdict(counts).items() if name not in ROW_NAMES}
+
+
+def row_counts(row: dict) -> Counts:
+    """The Counts of a bench row (what `specdec.lab.bench.summary` pools)."""
+    return Counts(**{f.name: row[ROW_NAMES.get(f.name, f.name)] for f in fields(Counts)})
+
+
 def metric_fields(stats) -> dict:
-    """A bench row's metric fields: `specdec.core.trace.DecodeStats` values under the row's names."""
-    return {"acceptance_rate": stats.acceptance_rate, "mean_accepted_length": stats.mean_accepted_length,
-            "cost_ratio": stats.cost_ratio, "theoretical_speedup": stats.theoretical_speedup,
-            "cost_aware_bound": stats.expected_walltime_speedup,
-            "verify_cost": stats.verify_cost, "predicted_speedup": stats.predicted_speedup}
+    """A bench row's metric fields: `specdec.core.trace.DecodeStats` values under the same names."""
+    return {name: getattr(stats, name) for name in ("acceptance_rate", "mean_accepted_length", "cost_ratio",
+                                                     "theoretical_speedup", "leviathan_bound", "verify_cost",
+                                                     "predicted_speedup")}
 
 
 def _divergence(ours: Timed, alone: Timed, config: BenchConfig) -> dict | None:
