@@ -44,6 +44,41 @@ def test_calibration_is_measured_once_then_cached_and_recalibrated_on_request(pa
     assert lookup.draft_key != first.draft_key  # another draft: its own cost entry
 
 
+class Wrapping:
+    """A drafter of its own that drafts with a model: the protocol alone tells the calibration what to price."""
+
+    cost_key = "Wrapping"
+
+    def __init__(self, model):
+        from specdec.drafters import ModelDrafter
+        self.inner = ModelDrafter(model)
+
+    @property
+    def forwards(self):
+        return self.inner.forwards
+
+    @property
+    def model(self):
+        return self.inner.model
+
+    def prefill(self, prompt_ids):
+        return self.inner.prefill(prompt_ids)
+
+    def propose(self, context_ids, n, policy):
+        return self.inner.propose(context_ids, n, policy)
+
+
+def test_calibration_prices_the_model_a_drafter_declares(pair, tmp_path):
+    target, draft = pair
+    small, large = Wrapping(tiny_model("llama", seed=5, layers=1)), Wrapping(tiny_model("llama", seed=5, layers=4))
+    costs = {name: calibrate(target, w, n_max=2, repeats=3, cache_dir=tmp_path) for name, w in
+             (("small", small), ("large", large))}
+    assert costs["small"].draft_key != costs["large"].draft_key  # each wrapped model has its own entry
+    assert costs["small"].draft_cost > 0 and small.forwards > 0  # a model's forwards, not a proposal's time
+    assert calibrate(target, Wrapping(tiny_model("llama", seed=9, layers=1)), n_max=2, repeats=3,
+                     cache_dir=tmp_path).draft_key == costs["small"].draft_key  # same architecture: same cost
+
+
 def test_calibration_key_follows_threads_and_dtype(pair, tmp_path):
     target, draft = pair
     base = calibrate(target, draft, n_max=3, repeats=1, cache_dir=tmp_path)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from specdec.drafters import from_spec
+from specdec.drafters import Vocabulary, from_spec
 from specdec.models import aligned, cache, convert, entries, hub, quant_store
 from specdec.models.cache import Progress
 from specdec.models.speed import apply_speed_levers
@@ -235,19 +235,15 @@ def add_model_arguments(parser, *, target_default: str | None = None) -> None:
                              "attention, so verification is bitwise the one-token steps (CPU; model drafts follow)")
 
 
-def load_draft(spec: str, target: LoadedModel, *, dtype="auto", bridge="auto", device: str = "auto",
-               pool=None, progress: Progress | None = None):
+def load_draft(spec: str, target: LoadedModel, *, dtype="auto", bridge: Vocabulary | str = Vocabulary.AUTO,
+               device: str = "auto", pool=None, progress: Progress | None = None):
     """A draft for `target` by `specdec.drafters.from_spec`: "lookup", "self:L", "MODEL+lookup" or a model.
 
     A model draft loads with `load_model` (or through `pool`, a ModelPool); dtype "auto" follows the
-    target's. bridge: "auto" (text bridge only when the tokenizers differ), True (always), False (ids as
-    they are: the engine refuses a different vocabulary) or "naive" (ids fed across vocabularies).
+    target's. bridge: how a model draft meets the target's ids, a `specdec.drafters.Vocabulary`.
     """
-
-    modes = {"auto": "auto", True: "bridge", False: "as is", "naive": "naive"}
-    if bridge not in modes:
-        raise ValueError(f"bridge must be 'auto', True, False or 'naive', got {bridge!r}")
+    vocabulary = Vocabulary.of(bridge, "bridge")
     dtype = target.dtype if dtype == "auto" or target.dtype == "int8" else dtype  # an int8 target: int8 drafts
     load = pool.get if pool is not None else load_model
     return from_spec(spec, target, load=lambda name: load(name, dtype=dtype, device=device, progress=progress),
-                     vocabulary=modes[bridge])
+                     vocabulary=vocabulary)

@@ -27,6 +27,7 @@ import torch
 from transformers import GenerationConfig
 
 from specdec.core.costmodel import CostModel
+from specdec.core.drafter import Drafter
 from specdec.core.engine import autoregressive_generate, speculative_generate
 from specdec.core.inputs import resolve_eos, unwrap
 from specdec.core.limits import K_AUTO_START
@@ -62,8 +63,9 @@ class Contender:
 
 
 def contender(name: str, draft, target, costs: CostModel | None = None) -> Contender:
-    """Wrap a draft; HF assisted generation applies only to a model draft with the target's vocab size."""
-    draft_model, _ = unwrap(draft, None)
+    """Wrap a draft; HF assisted generation applies only to a model draft (not a Drafter) with the target's
+    vocab size."""
+    draft_model = None if isinstance(draft, Drafter) else unwrap(draft, None)[0]
     target_model, _ = unwrap(target, None)
     same_vocab = (isinstance(draft_model, torch.nn.Module)
                   and draft_model.config.get_text_config().vocab_size == target_model.config.get_text_config().vocab_size)
@@ -71,18 +73,16 @@ def contender(name: str, draft, target, costs: CostModel | None = None) -> Conte
 
 
 def weights_fingerprint(draft) -> str:
-    """sha256 over the draft's kind, config, and every parameter's shape and sum (model-free: its settings)."""
-    inner = getattr(draft, "model_drafter", draft)
-    lm = getattr(inner, "lm", None)
-    model = lm.model if lm is not None else unwrap(draft, None)[0]
-    digest = hashlib.sha256(type(draft).__name__.encode())
-    if isinstance(model, torch.nn.Module):
+    """sha256 over the draft's kind and settings (a Drafter's cost key), its model's config and every parameter's
+    shape and sum (a model-free drafter: its settings alone)."""
+    is_drafter = isinstance(draft, Drafter)
+    model = draft.model if is_drafter else unwrap(draft, None)[0]
+    digest = hashlib.sha256((draft.cost_key if is_drafter else type(draft).__name__).encode())
+    if model is not None:
         digest.update(model.config.to_json_string(use_diff=False).encode())
         with torch.no_grad():
             for name, parameter in model.named_parameters():
                 digest.update(f"{name}{tuple(parameter.shape)}{float(parameter.double().sum()):.17g}".encode())
-    else:
-        digest.update(repr(sorted(vars(draft).items())).encode())
     return digest.hexdigest()[:16]
 
 
