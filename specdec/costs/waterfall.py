@@ -1,7 +1,7 @@
 """From Leviathan's bound to the measured speedup, one cost at a time (the cost waterfall).
 
 Each step is a speedup over the target alone; going down the list adds one cost the step before
-ignored (definitions in `specdec.core.trace`):
+ignored (definitions in `specdec.core.metrics`):
 
 1. tokens per target forward, Eq. 1 of Leviathan et al. 2023 at the run's alpha-hat and k: drafting and
    verification are free;

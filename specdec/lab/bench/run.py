@@ -11,7 +11,7 @@ of both HF methods are compared token by token with the target alone and diverge
 in the row, never hidden (bf16 batched-vs-single-token near-ties do happen).
 
 Rows go to the run folder (`specdec.lab.bench.store`) as soon as a cell finishes; `specdec.lab.bench.summary`
-aggregates them. Metric definitions: `specdec.core.trace`. This module returns data and never prints;
+aggregates them. Metric definitions: `specdec.core.metrics`. This module returns data and never prints;
 the CLI (`specdec.cli.bench`) prints and draws.
 """
 from __future__ import annotations
