@@ -230,7 +230,7 @@ for alpha in (0.5, 0.7, 0.8, 0.9):
     print(f"{alpha:<6}" + "".join(f"{theory.expected_tokens_per_step(alpha, k):7.2f}" for k in range(1, 9)))
 print("\\nLeviathan's bound at α = 0.8:")
 for c in (0.0, 0.05, 0.2, 0.5):
-    print(f"c={c:<5}" + "".join(f"{theory.walltime_speedup(0.8, k, c):7.2f}" for k in range(1, 9)),
+    print(f"c={c:<5}" + "".join(f"{theory.leviathan_bound(0.8, k, c):7.2f}" for k in range(1, 9)),
           "  ->", advise(0.8, c).verdict)
 print("\\nLeviathan Table 1 check (c=0): α=0.8,k=5 ->", round(theory.expected_tokens_per_step(0.8, 5), 2),
       "; α=0.6,k=2 ->", round(theory.expected_tokens_per_step(0.6, 2), 2))"""),
@@ -263,7 +263,7 @@ test does not compare them."""),
     new_code_cell("""\
 print(f"{'draft':10} {'k':>2} {'c':>5} {'v':>5} {'bound':>6} {'predicted':>10} {'measured':>9}  draft/target/prefill/other")
 for s in summaries:
-    print(f"{s.draft:10} {s.k:>2} {s.cost_ratio:5.1f} {s.verify_cost:5.1f} {s.cost_aware_bound:6.1f} "
+    print(f"{s.draft:10} {s.k:>2} {s.cost_ratio:5.1f} {s.verify_cost:5.1f} {s.leviathan_bound:6.1f} "
           f"{s.predicted_speedup:9.1f}x {s.speedup_vs_target_alone:8.1f}x  "
           f"{s.draft_share:.0%}/{s.target_share:.0%}/{s.prefill_share:.0%}/{s.overhead_share:.0%}")""",
                   metadata={"tags": [TIMINGS]}),

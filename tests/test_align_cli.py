@@ -58,6 +58,13 @@ def test_distill_refuses_an_unaligned_draft(folders, capsys):
     assert code == 1 and "vocabulary mismatch" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("draft", ["self:1", "lookup", "d+lookup", "d@vocab=v.json"])
+def test_distill_refuses_a_draft_that_is_not_a_model(folders, capsys, draft):
+    code = main(["distill", "--target", "no-such-target", "--draft", draft, "--prompts", folders["prompts"],
+                 "--steps", "2", "--out", str(folders["root"] / "refused-kind")])
+    assert code == 1 and "distillation trains a draft model" in capsys.readouterr().err  # before any model loads
+
+
 def test_distill_runs_as_two_processes_under_torchrun(folders):
     """What `accelerate launch --multi_gpu` does on GPUs, on CPU: torchrun, gloo, each rank a slice of a batch."""
     aligned, out = folders["root"] / "aligned-for-ddp", folders["root"] / "ddp"

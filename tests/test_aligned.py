@@ -14,7 +14,7 @@ from specdec.cli import main
 from specdec.dashboard import handlers, jobs
 from specdec.dashboard.config import AppConfig
 from specdec.dashboard.hub import ModelHub
-from specdec.drafters import from_spec
+from specdec.drafters import Vocabulary, from_spec
 from specdec.models import ModelPool, aligned, load_draft, load_model
 from specdec.training import service
 from tiny_models import Progress
@@ -77,7 +77,7 @@ def test_an_aligned_draft_loads_by_name_and_greedy_output_is_the_target_alone(pa
     assert (made.target, made.source, made.method) == (str(Path(paths["target"]).resolve()),
                                                         str(Path(paths["unaligned"]).resolve()), "transplant")
     assert len(source.tokenizer) != len(target.tokenizer)  # the source itself is untouched
-    draft = load_draft("aligned:tiny-code", target, bridge=False)
+    draft = load_draft("aligned:tiny-code", target, bridge=Vocabulary.AS_IS)
     assert draft.source == "aligned" and len(draft.tokenizer) == len(target.tokenizer)
     alone = autoregressive_generate(target, PROMPT, max_new_tokens=16)
     assert speculative_generate(target, draft, PROMPT, k=3, max_new_tokens=16).token_ids == alone.token_ids

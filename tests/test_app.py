@@ -77,6 +77,22 @@ def test_allow_list_and_custom_models(paths):
     assert [value for _, value in locked.choices("target")] == ["qwen2.5-coder-1.5b-instruct"]
 
 
+def test_the_allow_list_reads_drafts_with_the_factorys_grammar(paths):
+    locked = ModelHub(AppConfig(allowed_models=("qwen2.5-coder-1.5b-instruct",), allow_custom_models=False),
+                      pool=ModelPool())
+    assert locked.check("qwen2.5-coder-1.5b-instruct+lookup", "draft") == "qwen2.5-coder-1.5b-instruct+lookup"
+    assert locked.check("self:3+lookup", "draft") == "self:3+lookup"
+    with pytest.raises(ValueError, match="not offered on this host"):
+        locked.check("qwen2.5-coder-0.5b-instruct+lookup", "draft")
+    with pytest.raises(ValueError, match="custom path, disabled"):
+        locked.check("qwen2.5-coder-1.5b-instruct@vocab=/etc/passwd", "draft")
+    with pytest.raises(ValueError, match="custom model paths and ids are disabled"):
+        locked.check(f"{paths['draft']}+lookup", "draft")
+    for bad, message in (("self:x", "self:8"), ("lookup" + "+lookup" * 1500, "at most 4096 characters")):
+        with pytest.raises(ValueError, match=message):
+            locked.check(bad, "draft")
+
+
 def test_live_decode_streams_rounds_and_greedy_equals_target_alone(hub, paths):
     views = decode(hub, paths)
     final = views[-1]

@@ -155,7 +155,7 @@ def test_summary_pools_counts_and_report_lists_divergences(tiny_run):
     cells = [r for r in rows if r["draft"] == "noisy" and r["k"] == "2"]
     accepted = sum(r["accepted_tokens"] for r in cells)
     assert noisy.acceptance_rate == pytest.approx(accepted / (accepted + sum(r["rejections"] for r in cells)))
-    assert noisy.cost_aware_bound == pytest.approx(theory.walltime_speedup(noisy.acceptance_rate, 2, noisy.cost_ratio))
+    assert noisy.leviathan_bound == pytest.approx(theory.leviathan_bound(noisy.acceptance_rate, 2, noisy.cost_ratio))
     assert noisy.identical == "2/2"
     assert sum(getattr(noisy, f) for f in ("draft_share", "target_share", "prefill_share", "overhead_share")) \
         == pytest.approx(1.0)
@@ -183,6 +183,41 @@ def test_summary_pools_counts_and_report_lists_divergences(tiny_run):
                                       for r in cells) / len(cells)
 
 
+SAME_RATES = ("acceptance_rate", "draft_acceptance_rate", "mean_accepted_length", "per_position_acceptance",
+              "per_position_unconditional", "cost_ratio", "verify_cost", "theoretical_speedup", "leviathan_bound",
+              "predicted_speedup")
+
+
+@pytest.mark.parametrize("calibrated", [True, False])
+def test_bench_groups_and_engine_stats_agree_on_the_same_rounds(tiny_target, tmp_path, monkeypatch, calibrated):
+    """The bench pools its rows' counts with the engine's code: the rounds of its cells, pooled by the engine,
+    give the same rates. Calibrated, v(3) = 2: c per verification forward would be half of c per target step."""
+    from specdec.core.costmodel import CostModel, TargetCosts
+    from specdec.core.trace import pooled_stats
+    from specdec.lab.bench import run as bench_run
+
+    measured = []  # the generations of the measured cells (warm-up calls are shorter)
+
+    def recorded(*args, **kwargs):
+        result = engine_generate(*args, **kwargs)
+        if kwargs["max_new_tokens"] == 12:
+            measured.append(result)
+        return result
+
+    engine_generate = bench_run.speculative_generate
+    monkeypatch.setattr(bench_run, "speculative_generate", recorded)
+    costs = CostModel(TargetCosts(0.01, [1.0 + 0.5 * n for n in range(K_MAX + 1)], "test"), 0.25, "test")
+    entry = contender("noisy", perturbed_copy(tiny_target, 0.3), tiny_target, costs if calibrated else None)
+    rows = run_bench(tiny_target, [entry], load_suite("tiny", limit=1), [3],
+                     BenchConfig(target="tiny", max_new_tokens=12), tmp_path, hf_plain=False)
+    pooled = next(s for s in summarise(rows) if s.category == "all")
+    engine = pooled_stats(measured, 3, costs if calibrated else None)
+    assert len(measured) == len(rows) == 2 and engine.rounds == sum(r["rounds"] for r in rows)
+    for name in SAME_RATES:
+        assert getattr(pooled, name) == pytest.approx(getattr(engine, name), rel=1e-12), name
+    assert engine.verify_cost > 2 if calibrated else engine.verify_cost == 1  # calibrated: mostly v(4) = 2.5
+
+
 @pytest.mark.parametrize("slope, expect_max_k", [(0.0, True), (0.5, False)])
 def test_advice_prices_the_calibrated_verification_cost(tiny_run, slope, expect_max_k):
     """A model-free draft (c = 0) whose verification grows by `slope` steps a token is not advised the largest k."""
@@ -194,7 +229,7 @@ def test_advice_prices_the_calibrated_verification_cost(tiny_run, slope, expect_
     advice = next(a for a in advice_rows(cells) if a.category == "all")
     assert advice.cost_ratio == 0 and advice.verify_cost == pytest.approx(1 + slope * advice.recommended_k)
     assert (advice.recommended_k == K_MAX) == expect_max_k and advice.leviathan_k == K_MAX
-    assert advice.expected_speedup == pytest.approx(theory.predicted_speedup(0.9, advice.recommended_k, 0.0,
+    assert advice.predicted_speedup == pytest.approx(theory.predicted_speedup(0.9, advice.recommended_k, 0.0,
                                                                              advice.verify_cost))
 
 
@@ -276,13 +311,13 @@ def test_cli_bench_self_auto_benches_the_calibrated_layer_count(tmp_path, monkey
     dev = {p.id: p.category for p in load_suite("tiny", split="dev", limit=1)}
     assert calibration["settings"]["prompts"] == list(dev) and len(set(dev.values())) == len(dev)  # not heldout
     assert calibration["settings"]["k"] == 2
-    best = max(calibration["results"], key=lambda r: r["bound"])["layers"]
+    best = max(calibration["results"], key=lambda r: r["leviathan_bound"])["layers"]
     assert calibration["best_layers"] == best
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert {r["draft"] for r in rows} == {f"self:{best}"} and all(r["ours_equals_target_alone"] for r in rows)
     summary = (out / "summary.md").read_text()
     assert "self:auto calibration" in summary and f"| {best} (chosen) |" in summary
-    best_bound = max(r["bound"] for r in calibration["results"])
+    best_bound = max(r["leviathan_bound"] for r in calibration["results"])
     assert ("cannot beat the target alone" in summary) == (best_bound <= 1.0)
     printed = capsys.readouterr().out
     assert printed.index("  self:1: α̂=") < printed.index("  self:2: α̂=") < printed.index("(chosen)")  # as measured
@@ -297,7 +332,7 @@ def test_calibration_text_says_when_no_layer_count_can_pay_off(bounds, verdict):
 
     results = [(layers, DraftMeasurement(f"self:{layers}", 0.5, 0.3, bound, 1.5, 1.0, 0.8))
                for layers, bound in zip((7, 14), bounds)]
-    text = calibration_text(Calibration(results, max(results, key=lambda r: r[1].bound)[0]))
+    text = calibration_text(Calibration(results, max(results, key=lambda r: r[1].leviathan_bound)[0]))
     assert ("cannot beat the target alone" in text) == verdict
     assert ("| 14 (chosen) |" in text) == (not verdict) and text.count("(chosen)") == 1
 
@@ -324,16 +359,16 @@ def test_advisor_picks_the_argmax_of_the_cost_aware_bound(alpha, c):
     advice = advise(alpha, c)
     curve = speedup_curve(alpha, c, range(1, 17))
     assert advice.k == 1 + curve.index(max(curve))
-    assert advice.expected_speedup == pytest.approx(max(curve))
-    assert advice.expected_tokens_per_round == pytest.approx(theory.expected_tokens_per_step(alpha, advice.k))
+    assert advice.predicted_speedup == pytest.approx(max(curve))
+    assert advice.theoretical_speedup == pytest.approx(theory.expected_tokens_per_step(alpha, advice.k))
     assert advice.worthwhile and f"use k={advice.k}" in advice.verdict
 
 
 def test_advisor_says_run_the_target_alone_when_nothing_pays_off():
     advice = advise(0.2, 0.5)
-    assert not advice.worthwhile and advice.expected_speedup < 1
+    assert not advice.worthwhile and advice.predicted_speedup < 1
     assert "run the target alone" in advice.verdict
 
 
 def test_advisor_on_leviathan_table_1():
-    assert advise(0.8, 0.0, k_max=5).expected_tokens_per_round == pytest.approx(3.69, abs=0.01)
+    assert advise(0.8, 0.0, k_max=5).theoretical_speedup == pytest.approx(3.69, abs=0.01)

@@ -9,7 +9,6 @@ from specdec.core import theory
 from specdec.core.costmodel import CostModel, TargetCosts, assumed_costs
 from specdec.core.trace import GenerationResult, ROUNDING_NOISE, Round, explain_divergence
 from specdec.costs.calibration import calibrate
-from specdec.models import loading
 from specdec.testing import perturbed_copy, tiny_model
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12]
@@ -28,8 +27,8 @@ def test_predicted_speedup_is_the_formula():
             expected = theory.expected_tokens_per_step(alpha, k) / (costs.v(k + 1) + k * 0.25)
             assert costs.predicted_speedup(alpha, k) == pytest.approx(expected)
     assert costs.v(7) == pytest.approx(2.0 + 2 * 0.4)  # extended linearly past the calibrated sizes
-    assert theory.walltime_speedup(0.8, 5, 0.0) == pytest.approx(3.6893, abs=1e-4)  # Leviathan's Table 1
-    assert assumed_costs(0.3).predicted_speedup(0.7, 3) == pytest.approx(theory.walltime_speedup(0.7, 3, 0.3))
+    assert theory.leviathan_bound(0.8, 5, 0.0) == pytest.approx(3.6893, abs=1e-4)  # Leviathan's Table 1
+    assert assumed_costs(0.3).predicted_speedup(0.7, 3) == pytest.approx(theory.leviathan_bound(0.7, 3, 0.3))
 
 
 def test_calibration_is_measured_once_then_cached_and_recalibrated_on_request(pair, tmp_path):
@@ -42,6 +41,41 @@ def test_calibration_is_measured_once_then_cached_and_recalibrated_on_request(pa
     assert calibrate(target, draft, n_max=4, repeats=1, cache_dir=tmp_path, recalibrate=True).measured_now
     lookup = calibrate(target, None, n_max=4, repeats=1, cache_dir=tmp_path)
     assert lookup.draft_key != first.draft_key  # another draft: its own cost entry
+
+
+class Wrapping:
+    """A drafter of its own that drafts with a model: the protocol alone tells the calibration what to price."""
+
+    cost_key = "Wrapping"
+
+    def __init__(self, model):
+        from specdec.drafters import ModelDrafter
+        self.inner = ModelDrafter(model)
+
+    @property
+    def forwards(self):
+        return self.inner.forwards
+
+    @property
+    def model(self):
+        return self.inner.model
+
+    def prefill(self, prompt_ids):
+        return self.inner.prefill(prompt_ids)
+
+    def propose(self, context_ids, n, policy):
+        return self.inner.propose(context_ids, n, policy)
+
+
+def test_calibration_prices_the_model_a_drafter_declares(pair, tmp_path):
+    target, draft = pair
+    small, large = Wrapping(tiny_model("llama", seed=5, layers=1)), Wrapping(tiny_model("llama", seed=5, layers=4))
+    costs = {name: calibrate(target, w, n_max=2, repeats=3, cache_dir=tmp_path) for name, w in
+             (("small", small), ("large", large))}
+    assert costs["small"].draft_key != costs["large"].draft_key  # each wrapped model has its own entry
+    assert costs["small"].draft_cost > 0 and small.forwards > 0  # a model's forwards, not a proposal's time
+    assert calibrate(target, Wrapping(tiny_model("llama", seed=9, layers=1)), n_max=2, repeats=3,
+                     cache_dir=tmp_path).draft_key == costs["small"].draft_key  # same architecture: same cost
 
 
 def test_calibration_key_follows_threads_and_dtype(pair, tmp_path):

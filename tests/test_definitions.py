@@ -1,6 +1,7 @@
-"""One set of definitions: the app's cards, the CLI's stats, the bench row and README agree on one run."""
+"""One set of definitions: the app's cards, the CLI's stats, the bench row and docs/metrics.md agree on one run."""
 from __future__ import annotations
 
+import dataclasses
 import html
 import re
 from pathlib import Path
@@ -8,6 +9,8 @@ from pathlib import Path
 import pytest
 
 import specdec.core.trace
+from specdec.core.metrics import METRICS, metrics_table
+from specdec.core.trace import Rates
 from specdec.dashboard import handlers, teach
 from specdec.dashboard.panels import definitions
 from specdec.dashboard.runs import RunControl
@@ -52,13 +55,19 @@ def test_every_card_explains_itself_with_the_trace_definition(run):
             assert html.escape(defined[name][:40]) in view.stats
 
 
-def test_readme_metrics_table_has_one_row_per_trace_metric():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Metrics", 1)[1].split("\n## ", 1)[0]
-    fields = re.findall(r"^\| [^|]+ \| `(\w+)` \|", section, flags=re.MULTILINE)
-    metrics = [key for key in definitions() if key != "A"]  # "A *round* is ..." defines the unit, not a metric
-    assert sorted(fields) == sorted(metrics)
-    assert len(fields) == len(set(fields))
+def test_docs_metrics_table_is_the_generated_one():
+    text = (ROOT / "docs" / "metrics.md").read_text(encoding="utf-8")
+    table = text.split("-->\n", 1)[1].split("\n<!-- end of the generated table -->", 1)[0]
+    assert table == metrics_table(), "docs/metrics.md differs from specdec.core.metrics.METRICS: paste metrics_table()"
+    fields = re.findall(r"^\| [^|]+ \| `(\w+)` \|", table, flags=re.MULTILINE)
+    assert sorted(fields) == sorted(definitions()) and len(fields) == len(set(fields))
+
+
+def test_every_rate_has_one_definition_and_every_definition_a_value():
+    defined = [m.field for m in METRICS]
+    assert len(defined) == len(set(defined))
+    assert set(defined) == {f.name for f in dataclasses.fields(Rates)} | {"measured_speedup"}  # the one not from counts
+    assert all(m.name and m.symbol and m.definition for m in METRICS)
 
 
 def test_the_theory_text_prices_c_per_step_and_does_not_call_k1_optimal():

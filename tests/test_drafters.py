@@ -4,7 +4,7 @@ import torch
 
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters import (HybridDrafter, ModelDrafter, NaiveCrossVocabDrafter, PromptLookupDraft, SamplingPolicy,
-                              SelfSpeculativeDraft, TextBridgeDrafter, from_spec)
+                              SelfSpeculativeDraft, TextBridgeDrafter, DraftSpec, Vocabulary, from_spec)
 from specdec.models import LoadedModel
 from specdec.testing import perturbed_copy, tiny_model
 from test_sampling import TEMPERATURE, TOP_P, chi_square_p_value, draw_first_two, exact_law_of_two_tokens
@@ -70,9 +70,90 @@ def test_the_factory_builds_every_kind_of_draft(pair):
     assert isinstance(hybrid, HybridDrafter) and isinstance(hybrid.model_drafter, ModelDrafter)
     assert isinstance(from_spec("o", target, load=load), TextBridgeDrafter)  # other tokenizer: auto bridge
     assert from_spec("o", target, load=load, vocabulary="as is") is other
-    assert isinstance(from_spec("o", target, load=load, vocabulary="naive"), NaiveCrossVocabDrafter)
-    assert isinstance(from_spec("d", target, load=load, vocabulary="bridge"), TextBridgeDrafter)
+    assert isinstance(from_spec("o", target, load=load, vocabulary=Vocabulary.NAIVE), NaiveCrossVocabDrafter)
+    assert isinstance(from_spec("d", target, load=load, vocabulary=Vocabulary.BRIDGE), TextBridgeDrafter)
     with pytest.raises(ValueError, match="vocabulary mode"):
         from_spec("d", target, load=load, vocabulary="magic")
     with pytest.raises(ValueError, match="self:8"):
         from_spec("self:x", target, load=load)
+
+
+# --- the protocol every drafter declares, and the spec grammar parsed once -----------------------------------
+
+def every_drafter(pair):
+    """One of each drafter in specdec/drafters (and the core's), with the model it wraps (None: model-free)."""
+    from specdec.drafters import NoDraft, PrunedVocabularyDrafter
+    from specdec.testing import tiny_tokenizer
+    target, draft = pair
+    tokenizer = tiny_tokenizer()
+    model_drafter = ModelDrafter(draft)
+    self_spec = SelfSpeculativeDraft(target, 1)
+    bridge = TextBridgeDrafter(loaded(draft, tokenizer, "d"), tokenizer)
+    naive = NaiveCrossVocabDrafter(draft)
+    pruned = PrunedVocabularyDrafter(draft, range(64))
+    return [(NoDraft(), None), (PromptLookupDraft(), None), (model_drafter, draft), (self_spec, self_spec.lm.model),
+            (bridge, draft), (naive, draft), (pruned, pruned.lm.model), (HybridDrafter(model_drafter), draft),
+            (HybridDrafter(PromptLookupDraft()), None)]
+
+
+def test_every_drafter_declares_forwards_model_and_cost_key(pair):
+    from specdec.drafters import Drafter
+    drafters = every_drafter(pair)
+    for drafter, model in drafters:
+        assert isinstance(drafter, Drafter), type(drafter).__name__
+        assert drafter.model is model and drafter.forwards == 0 and isinstance(drafter.cost_key, str)
+    keys = [d.cost_key for d, _ in drafters] + [SelfSpeculativeDraft(pair[0], 2).cost_key,
+                                                 PromptLookupDraft(max_ngram=4).cost_key]
+    assert len(set(keys)) == len(keys)  # every kind and setting prices its own c
+    hybrid = drafters[-2][0]
+    hybrid.prefill([20, 21, 22])
+    assert hybrid.forwards == hybrid.model_drafter.forwards > 0
+
+
+def test_a_drafter_that_declares_nothing_is_refused_with_one_line(pair):
+    class Bare:  # the two methods alone: its forwards would count as 0 and its model would go unpriced
+        def prefill(self, prompt_ids):
+            return 0.0
+
+        def propose(self, context_ids, n, policy):
+            return PromptLookupDraft().propose(context_ids, n, policy)
+
+    with pytest.raises(ValueError, match="a causal LM or a Drafter, got Bare"):
+        speculative_generate(pair[0], Bare(), REPEATING, k=2, max_new_tokens=4)
+
+
+@pytest.mark.parametrize("text, spec", [
+    ("lookup", DraftSpec("lookup")),
+    (" self:8 ", DraftSpec("self", layers=8)),
+    ("self:2+lookup", DraftSpec("self", layers=2, hybrid=True)),
+    ("runs/d", DraftSpec("model", "runs/d")),
+    ("aligned:x+lookup", DraftSpec("model", "aligned:x", hybrid=True)),
+    ("runs/d@vocab=v.json", DraftSpec("pruned", "runs/d", vocabulary_file="v.json")),
+    ("m@vocab=v.json+lookup", DraftSpec("pruned", "m", vocabulary_file="v.json", hybrid=True)),
+    ("lookup+lookup", DraftSpec("lookup", hybrid=True)),
+])
+def test_the_draft_grammar_is_parsed_once_into_a_spec(text, spec):
+    assert DraftSpec.parse(text) == spec
+
+
+@pytest.mark.parametrize("text, message", [
+    ("", "non-empty"), ("self:x", "self:8"), ("self:0", "positive"), ("+lookup", "follows one draft"),
+    ("d+lookup+lookup", "follows one draft, once"), ("lookup" + "+lookup" * 1500, "at most 4096 characters"),
+    ("@vocab=v.json", "MODEL@vocab=FILE"), ("self:" + "9" * 5000, "at most 4096"),
+])
+def test_a_bad_draft_spec_is_one_clear_line(text, message, pair):
+    with pytest.raises(ValueError, match=message) as refused:
+        from_spec(text, loaded(pair[0], None, "t"), load=lambda name: pytest.fail("nothing loads"))
+    assert "\n" not in str(refused.value) and len(str(refused.value)) < 200
+
+
+def test_one_vocabulary_type_for_the_factory_the_loader_and_the_app(pair):
+    from specdec.dashboard.hub import VOCABULARIES
+    from specdec.testing import WORDS, tiny_tokenizer
+    target = loaded(pair[0], tiny_tokenizer(), "t")
+    other = loaded(tiny_model("llama", seed=4, vocab_size=len(WORDS) + 8), tiny_tokenizer(WORDS[::-1] + ["x"]), "o")
+    built = {label: type(from_spec("o", target, load={"o": other}.__getitem__, vocabulary=label)).__name__
+             for label in VOCABULARIES}  # the app's labels are the factory's values
+    assert built == {"auto": "TextBridgeDrafter", "as is": "LoadedModel", "text bridge": "TextBridgeDrafter",
+                     "naive ids": "NaiveCrossVocabDrafter"}
+    assert [str(mode) for mode in Vocabulary] == list(VOCABULARIES)

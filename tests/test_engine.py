@@ -122,6 +122,28 @@ def test_stats_are_consistent(models):
     assert s.cost_ratio > 0 and s.theoretical_speedup >= 1.0
 
 
+def test_counts_add_up_and_both_per_position_conventions_come_from_them(models):
+    """Counts of two runs added equal the counts of their rounds together; the rates come from those counts."""
+    from specdec.core.trace import Counts, DecodeStats, pooled_stats
+
+    target = models["target"]
+    runs = [speculative_generate(target, models["perturbed"], PROMPT, k=k, max_new_tokens=21, eos_token_id=[])
+            for k in (2, 4)]
+    pooled = pooled_stats(runs, 4)
+    rounds = runs[0].rounds + runs[1].rounds
+    assert runs[0].stats.counts + runs[1].stats.counts == pooled.counts
+    assert pooled.counts == Counts.of(rounds, **{name: sum(getattr(r.stats, name) for r in runs) for name in
+                                                 ("prefill_time_s", "wall_time_s", "target_forwards", "draft_forwards")})
+    assert pooled == DecodeStats.from_rounds(rounds, 4, **{n: getattr(pooled, n) for n in (
+        "prefill_time_s", "wall_time_s", "target_forwards", "draft_forwards")})
+    reached = [sum(len(r.draft_token_ids) > i and r.num_accepted >= i for r in rounds) for i in range(4)]
+    accepted = [sum(r.num_accepted > i for r in rounds) for i in range(4)]
+    assert pooled.reached == reached and pooled.accepted_at == accepted
+    assert pooled.per_position_acceptance == pytest.approx([a / n if n else 0.0 for a, n in zip(accepted, reached)])
+    assert pooled.per_position_unconditional == pytest.approx([a / len(rounds) for a in accepted])
+    assert len(runs[0].stats.per_position_acceptance) == 2  # a k=2 run reports its two positions
+
+
 def test_on_round_streams_and_can_stop(models):
     seen = []
     result = speculative_generate(models["target"], models["perturbed"], PROMPT, k=3, max_new_tokens=40,

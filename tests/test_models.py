@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec import autoregressive_generate, speculative_generate
+from specdec.drafters import Vocabulary
 from specdec.models import (LoadedModel, ModelPool, add_model_arguments, cache, catalogue, check_pair, hub, load_draft,
                             load_model, transpose_head_storage)
 from specdec.testing import WORDS, tiny_folder, tiny_model, tiny_tokenizer
@@ -134,10 +135,10 @@ def test_check_pair_identical_padded_different():
 def test_load_draft_takes_its_own_format_and_respects_bridge_false(tmp_path):
     target = load_model(str(tiny_folder(tmp_path / "t")), dtype="bfloat16")
     other = tiny_folder(tmp_path / "d", words=WORDS[::-1] + ["x"])
-    draft = load_draft(str(other), target, bridge=False)
+    draft = load_draft(str(other), target, bridge=Vocabulary.AS_IS)
     assert isinstance(draft, LoadedModel)  # auto: the format measured fastest here for a draft, not the target's
     assert draft.dtype == load_model(str(other), role="draft").dtype
-    assert load_draft(str(other), target, dtype="int8-dynamic", bridge=False).dtype == "int8-dynamic"
+    assert load_draft(str(other), target, dtype="int8-dynamic", bridge=Vocabulary.AS_IS).dtype == "int8-dynamic"
     with pytest.raises(ValueError, match="bridge must be"):
         load_draft(str(other), target, bridge="yes")
     with pytest.raises(ValueError, match="self:8"):

@@ -228,10 +228,10 @@ def test_calibration_reports_alpha_c_and_the_bound_per_layer():
     calibration = calibrate_layers(model, [PROMPT, [9, 3, 4, 11]], k=3, candidates=[3, 1, 2], max_new_tokens=8)
     assert [layers for layers, _ in calibration.results] == [1, 2, 3]
     for layers, m in calibration.results:
-        assert m.draft == f"self:{layers}" and 0 <= m.alpha <= 1 and m.cost_ratio > 0 and m.speedup > 0
-        assert m.bound == pytest.approx(theory.walltime_speedup(m.alpha, 3, m.cost_ratio))
-    assert dict(calibration.results)[3].alpha == 1.0  # all layers: the draft is the target
-    assert calibration.best.bound == max(m.bound for _, m in calibration.results)
+        assert m.draft == f"self:{layers}" and 0 <= m.acceptance_rate <= 1 and m.cost_ratio > 0 and m.measured_speedup > 0
+        assert m.leviathan_bound == pytest.approx(theory.leviathan_bound(m.acceptance_rate, 3, m.cost_ratio))
+    assert dict(calibration.results)[3].acceptance_rate == 1.0  # all layers: the draft is the target
+    assert calibration.best.leviathan_bound == max(m.leviathan_bound for _, m in calibration.results)
     assert calibration.to_dict()["best_layers"] == calibration.best_layers
     assert Calibration.from_dict(calibration.to_dict()) == calibration  # what bench's calibration.json holds
 
@@ -242,14 +242,14 @@ def test_recommend_fallback_names_the_measured_winner():
     self_spec, lookup = report["self_speculation"], report["prompt_lookup"]
     assert self_spec["layers"] in (1, 2) and self_spec["draft"] == f"self:{self_spec['layers']}"
     assert lookup["draft"] == "lookup" and lookup["cost_ratio"] == 0.0 and len(report["calibration"]) == 2
-    winner = max(self_spec, lookup, key=lambda m: m["speedup"])
-    assert report["best_draft"] == (winner["draft"] if winner["speedup"] > 1 else None)
-    assert f"{winner['speedup']:.2f}x" in report["recommendation"]
+    winner = max(self_spec, lookup, key=lambda m: m["measured_speedup"])
+    assert report["best_draft"] == (winner["draft"] if winner["measured_speedup"] > 1 else None)
+    assert f"{winner['measured_speedup']:.2f}x" in report["recommendation"]
 
 
 def measurement(draft, speedup):
-    return DraftMeasurement(draft, alpha=0.7, cost_ratio=0.3, bound=1.5, tokens_per_round=2.1, drafted_rounds=1.0,
-                            speedup=speedup)
+    return DraftMeasurement(draft, acceptance_rate=0.7, cost_ratio=0.3, leviathan_bound=1.5, mean_accepted_length=2.1,
+                            drafted_rounds=1.0, measured_speedup=speedup)
 
 
 def test_recommendation_text():

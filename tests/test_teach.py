@@ -113,7 +113,7 @@ def test_waterfall_walks_from_eq1_through_the_bound_to_the_measurement():
     steps = cost_waterfall(result, baseline)
     s = result.stats
     assert [round(x.value, 9) for x in steps[:4]] == [round(v, 9) for v in (
-        s.theoretical_speedup, s.expected_walltime_speedup,
+        s.theoretical_speedup, s.leviathan_bound,
         theory.predicted_speedup(s.acceptance_rate, s.k, s.cost_ratio, s.verify_cost), s.predicted_speedup)]
     assert steps[-1].value == pytest.approx(s.tokens_per_s / baseline.stats.tokens_per_s)
     assert len(steps) == 6 and "measured" in steps[-1].label

@@ -148,18 +148,19 @@ def calibrate_self_auto(target, args, out: Path) -> Calibration:
 
 
 def print_layer(layers: int, m) -> None:
-    print(f"  self:{layers}: α̂={m.alpha:.3f} c={m.cost_ratio:.2f} bound {m.bound:.2f}x, measured {m.speedup:.2f}x",
+    print(f"  self:{layers}: α̂={m.acceptance_rate:.3f} c={m.cost_ratio:.2f} Leviathan bound {m.leviathan_bound:.2f}x, "
+          f"measured {m.measured_speedup:.2f}x",
           flush=True)
 
 
 def calibration_text(calibration: Calibration) -> str:
-    """Markdown: alpha-hat, c, the cost-aware bound and the measured speedup per candidate L."""
+    """Markdown: alpha-hat, c, Leviathan's bound and the measured speedup per candidate L."""
     lines = ["## self:auto calibration (dev prompts)", "",
-             "| L | α̂ | c | cost-aware bound | measured speedup |", "|---|---|---|---|---|"]
-    lines += [f"| {layers}{' (chosen)' if layers == calibration.best_layers else ''} | {m.alpha:.3f} | "
-              f"{m.cost_ratio:.2f} | {m.bound:.2f}x | {m.speedup:.2f}x |" for layers, m in calibration.results]
-    if calibration.best.bound <= 1.0:
-        lines += ["", f"No candidate L has a cost-aware bound above 1x (best {calibration.best.bound:.2f}x): "
+             "| L | α̂ | c | Leviathan bound | measured speedup |", "|---|---|---|---|---|"]
+    lines += [f"| {layers}{' (chosen)' if layers == calibration.best_layers else ''} | {m.acceptance_rate:.3f} | "
+              f"{m.cost_ratio:.2f} | {m.leviathan_bound:.2f}x | {m.measured_speedup:.2f}x |" for layers, m in calibration.results]
+    if calibration.best.leviathan_bound <= 1.0:
+        lines += ["", f"No candidate L has a Leviathan bound above 1x (best {calibration.best.leviathan_bound:.2f}x): "
                       "self-speculation cannot beat the target alone on these prompts; the L benched is the "
                       "cheapest loser. An early exit pays only when the target was trained for it (LayerSkip)."]
     return "\n".join(lines) + "\n\n"
@@ -184,7 +185,7 @@ def cell_line(row: dict) -> str:
     return (f"{row['draft']} k={row['k']} {row['prompt_id']}: α̂={row['acceptance_rate']:.2f} "
             f"c={row['cost_ratio']:.2f} v={row['verify_cost']:.2f} {row['ours_tok_s']:.2f} tok/s, "
             f"{row['speedup_vs_target_alone']:.2f}x vs target alone (predicted {row['predicted_speedup']:.2f}x, "
-            f"Leviathan bound {row['cost_aware_bound']:.2f}x)"
+            f"Leviathan bound {row['leviathan_bound']:.2f}x)"
             + (f", {hf:.2f}x vs HF assisted" if hf is not None else "")
             + f", {same[row['ours_equals_target_alone']]}")
 
@@ -245,5 +246,5 @@ def _category_bars(summaries: list, draft: str):
     chosen = [s for s in summaries if s.draft == draft and s.k == best_k]
     return go.Bar(x=[s.category for s in chosen], y=[s.speedup_vs_target_alone for s in chosen],
                   name=f"{draft} (k={best_k})",
-                  customdata=[[s.acceptance_rate, s.cost_aware_bound] for s in chosen],
+                  customdata=[[s.acceptance_rate, s.leviathan_bound] for s in chosen],
                   hovertemplate="%{x}: %{y:.2f}x<br>α̂=%{customdata[0]:.2f}, bound %{customdata[1]:.2f}x")

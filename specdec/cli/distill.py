@@ -13,6 +13,7 @@ import torch
 
 from specdec.core.inputs import check_vocabularies
 from specdec.core.suites import Prompt, available_suites, encode, has_held_out, load_suite, split_note
+from specdec.drafters import DraftSpec, Vocabulary
 from specdec.models import aligned, cache
 from specdec.models.loading import add_model_arguments, load_draft, load_model
 from specdec.training.distill import DIVERGENCES, DistillConfig, DistillReport
@@ -116,9 +117,13 @@ def run(args) -> int:
     config = config_from(args)
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    spec = DraftSpec.parse(args.draft)
+    if spec.kind != "model" or spec.hybrid:
+        raise ValueError(f"--draft {args.draft!r}: distillation trains a draft model; name one (a catalogue name, "
+                         "folder, hub id or aligned:NAME), not lookup, self:L, +lookup or @vocab=")
     check_run_folder(Path(args.out), args.resume, args.overwrite)
     target = load_model(args.target, dtype=args.dtype, role="train")
-    draft = load_draft(args.draft, target, dtype=target.dtype, bridge=False)
+    draft = load_draft(args.draft, target, dtype=target.dtype, bridge=Vocabulary.AS_IS)
     check_vocabularies(target.model, draft.model)
     report = distill_to_folder(target, draft, [encode(p, target.tokenizer) for p in train],
                                [encode(p, target.tokenizer) for p in held_out], config, Path(args.out),

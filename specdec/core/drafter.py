@@ -1,9 +1,13 @@
 """Drafters: anything that proposes tokens for the target to verify.
 
-The interface is two methods (a `typing.Protocol`, no base class needed):
+The interface (a `typing.Protocol`, no base class needed) is two methods and what callers read:
 
 - `prefill(prompt_ids)`: read the prompt ahead of the first round (may do nothing);
-- `propose(context_ids, n, policy) -> Proposal`: up to n tokens that continue `context_ids`.
+- `propose(context_ids, n, policy) -> Proposal`: up to n tokens that continue `context_ids`;
+- `forwards`: draft model forwards so far, prefill included (0 for a model-free drafter; the stats count them);
+- `model`: the causal LM it drafts with, or None (the calibration times it, the bench fingerprints it);
+- `cost_key`: its kind and the settings its cost depends on (with its model's identity, the calibration's
+  cache key for c).
 
 A drafter derives its own state from the context it is given (see `specdec.core.kv` for the
 rollback rule of model drafters), so the engine never tells it what was accepted.
@@ -65,6 +69,10 @@ class Proposal:
 
 @runtime_checkable
 class Drafter(Protocol):
+    forwards: int  # draft model forwards so far, prefill included (0 for a model-free drafter)
+    model: torch.nn.Module | None  # the causal LM it drafts with; None for a model-free drafter
+    cost_key: str  # its kind and the settings its cost depends on (not its model: the calibration adds that)
+
     def prefill(self, prompt_ids: list[int]) -> float: ...
 
     def propose(self, context_ids: list[int], n: int, policy: SamplingPolicy) -> Proposal: ...
@@ -74,6 +82,8 @@ class NoDraft:
     """Proposes nothing: every round is one plain target step (the target-alone baseline)."""
 
     forwards = 0
+    model = None
+    cost_key = "none"
 
     def prefill(self, prompt_ids: list[int]) -> float:
         return 0.0
@@ -104,6 +114,14 @@ class ModelDrafter:
     @property
     def forwards(self) -> int:
         return self.lm.forwards
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.lm.model
+
+    @property
+    def cost_key(self) -> str:
+        return type(self).__name__
 
     @property
     def tokens_fed(self) -> int:

@@ -113,7 +113,7 @@ def _generate(target_model, drafter, input_ids, schedule, max_new_tokens, temper
     stats = DecodeStats.from_rounds(
         rounds, schedule.reported_k(rounds), costs, prefill_time_s=prefill_time,
         wall_time_s=time.perf_counter() - start - callback_s, target_forwards=verifier.forwards,
-        draft_forwards=getattr(drafter, "forwards", 0))
+        draft_forwards=drafter.forwards)
     text = tokenizer.decode(emitted, skip_special_tokens=True) if tokenizer is not None else None
     return GenerationResult(emitted, rounds, stats, text, stopped_early)
 

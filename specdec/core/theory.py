@@ -5,7 +5,7 @@ with per-token acceptance rate alpha, k drafted tokens per round (their gamma) a
 c = (one draft step) / (one target step), both steps reading one token,
 
 - expected tokens emitted per target forward: (1 - alpha^(k+1)) / (1 - alpha)         (Eq. 1)
-- expected wall-time improvement:           (1 - alpha^(k+1)) / ((1 - alpha)(k*c + 1)) (Thm 3.8)
+- expected wall-time improvement, Leviathan's bound: (1 - alpha^(k+1)) / ((1 - alpha)(k*c + 1)) (Thm 3.8)
 
 Theorem 3.8 assumes that verifying k+1 tokens in one forward costs one target step. On real
 hardware it costs v(k+1) steps, v(n) = time of a target forward over n new tokens / time of a
@@ -44,16 +44,16 @@ def predicted_speedup(alpha: float, k: int, c: float, v: float = 1.0) -> float:
     return expected_tokens_per_step(alpha, k) / (v + k * c)
 
 
-def walltime_speedup(alpha: float, k: int, c: float) -> float:
+def leviathan_bound(alpha: float, k: int, c: float) -> float:
     """Leviathan's bound (Thm 3.8), (1 - alpha^(k+1)) / ((1 - alpha)(k*c + 1)): verification assumed to cost one step."""
     return predicted_speedup(alpha, k, c, 1.0)
 
 
 def optimal_k(alpha: float, c: float, k_max: int = K_MAX) -> int:
-    """The k in 1..k_max that maximises `walltime_speedup` (numeric argmax; ties go to the smaller k)."""
+    """The k in 1..k_max that maximises `leviathan_bound` (numeric argmax; ties go to the smaller k)."""
     if k_max < 1:
         raise ValueError(f"k_max must be >= 1, got {k_max}")
-    return max(range(1, k_max + 1), key=lambda k: (walltime_speedup(alpha, k, c), -k))
+    return max(range(1, k_max + 1), key=lambda k: (leviathan_bound(alpha, k, c), -k))
 
 
 def tokens_per_round_by_k(position_rates: list[float]) -> list[float]:

@@ -1,45 +1,20 @@
-"""Every round is data: `Round`, `DecodeStats`, `GenerationResult`, and why a greedy run diverged.
+"""Every round is data: `Round`, its `Counts`, the `Rates` computed once from them, `DecodeStats`,
+`GenerationResult`, and why a greedy run diverged.
 
-Metric conventions (the single place they are defined; the CLI, dashboard and bench only
-read these fields):
-
-- A *round* is one target verification forward. k is the draft length asked for (the papers' gamma).
-  A round verifies n <= k drafted tokens (n < k only
-  near max_new_tokens, or when a drafter proposes fewer) and emits the accepted prefix plus
-  one target token: the correction at the first rejection, or a bonus token when all n pass.
-- acceptance_rate (alpha-hat) = accepted / (accepted + rejections): the per-token acceptance
-  probability of the theory (Leviathan et al. 2023), estimated from a run. Tokens drafted
-  after the first rejection of a round are neither accepted nor rejections (they were never
-  reached; counting them inflates or deflates the rate, cf. vLLM #9565).
-- draft_acceptance_rate = accepted / drafted (vLLM's "draft acceptance rate").
-- mean_accepted_length = emitted tokens per round = 1 + accepted / rounds. It INCLUDES the
-  target's token (vLLM convention). "Accepted draft tokens per round" (0..k, the histogram, and
-  gpt-fast's "mean accepted") excludes it.
-- per_position_acceptance[i] = rounds that accepted draft i+1 / rounds that reached it (drafts 1..i
-  all accepted, draft i+1 proposed): the conditional acceptance at that position. Drafts never reached
-  are not failures; the unconditional variant (accepted there / all rounds) is, when every round
-  drafts k, the product of the conditional rates up to i.
-- cost_ratio c = one draft forward / one target step (Leviathan's c, both reading one token). A
-  run times its verification forwards, not one-token steps, so the target step is estimated as
-  verification time / the calibrated v(n+1) of each round (`specdec.costs.calibration`; v = 1 without one).
-- verify_cost = mean over rounds of v(n+1): what one verification forward costs in one-token
-  target steps (1 = Leviathan's assumption; measured by `specdec.costs.calibration.calibrate`).
-- theoretical_speedup = (1 - alpha^(k+1)) / (1 - alpha): tokens per target forward (Eq. 1).
-- expected_walltime_speedup = (1 - alpha^(k+1)) / ((1 - alpha)(k*c + 1)): Leviathan's bound
-  (Thm 3.8), which assumes verification costs one step.
-- predicted_speedup = emitted tokens / sum over rounds of (v(n+1) + draft forwards * c): the
-  speedup the calibrated costs predict for the rounds this run had (prefill and per-round
-  overhead are not in it; they are the gap to the measurement).
-- measured_speedup = tokens/s of the speculative run / tokens/s of the target alone on the same
-  prompt and length, wall time with prefill (`measured_speedup`; `specdec.costs.waterfall` walks from
-  theoretical_speedup to it one cost at a time).
+A run's numbers come in two kinds. `Counts` are what it counted (rounds, drafted, accepted per position,
+emitted tokens, forwards, seconds, verification steps): they add up over runs (`+`), so the engine, a pooled
+set of generations, the bench's groups and the dashboard's partial runs all aggregate the same counters.
+`Rates.of` computes every metric from counts, once: the acceptance rates, the mean accepted length, c (one
+draft forward / one target step), tokens/s, Eq. 1, Leviathan's bound and the predicted speedup. Their
+definitions in words are data, `specdec.core.metrics.METRICS`, from which the app's hovers and
+docs/metrics.md are made.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 from specdec.core import theory
-from specdec.core.costmodel import CostModel, assumed_costs
+from specdec.core.costmodel import CostModel
 
 
 @dataclass
@@ -74,59 +49,129 @@ class Round:
 
 
 @dataclass
-class DecodeStats:
-    """Counters and derived metrics of one generation (definitions in the module docstring)."""
+class Counts:
+    """What a run counted. Every metric is a rate of these (`Rates.of`); the counts of several runs add up (`+`)."""
 
-    k: int  # draft length per round asked for (0 for the target alone)
     rounds: int = 0  # verification forwards (= target decode forwards)
     draft_tokens: int = 0  # tokens proposed over all rounds
     accepted_tokens: int = 0  # proposed tokens accepted
     rejections: int = 0  # rounds that ended with a rejection
     emitted_tokens: int = 0  # new tokens in the output
-    acceptance_rate: float = 0.0  # alpha-hat = accepted / (accepted + rejections); 0 when nothing was drafted
-    draft_acceptance_rate: float = 0.0  # accepted / proposed
-    mean_accepted_length: float = 0.0  # emitted tokens per round, bonus/correction included: 1 + accepted/rounds
-    per_position_acceptance: list[float] = field(default_factory=list)  # length k
+    reached: list[int] = field(default_factory=list)  # [i]: rounds that reached draft i+1 (drafts 1..i accepted)
+    accepted_at: list[int] = field(default_factory=list)  # [i]: rounds that accepted draft i+1
+    round_draft_forwards: int = 0  # draft forwards inside rounds (prefill excluded): what c is per
+    draft_time_s: float = 0.0  # draft forwards inside rounds
+    target_time_s: float = 0.0  # target verification forwards
+    verify_steps: float = 0.0  # sum over rounds of v(n+1): the verification forwards in one-token target steps
     target_forwards: int = 0  # all target forwards, prefill included
     draft_forwards: int = 0  # all draft forwards, prefill included
     prefill_time_s: float = 0.0  # prompt prefill of both models
-    draft_time_s: float = 0.0  # draft forwards inside rounds
-    target_time_s: float = 0.0  # target verification forwards
     wall_time_s: float = 0.0  # whole call, prefill and bookkeeping included
-    tokens_per_s: float = 0.0  # emitted_tokens / wall_time_s
-    cost_ratio: float = 0.0  # c = one draft forward / one target step (estimate in the module docstring)
+
+    @classmethod
+    def of(cls, rounds: list[Round], costs: CostModel | None = None, **run) -> "Counts":
+        """The counts of `rounds`, verification priced by `costs` (calibrated, else v = 1); `run` gives the
+        whole-call fields (prefill_time_s, wall_time_s, target_forwards, draft_forwards)."""
+        counts = cls(**run)
+        for round_ in rounds:
+            counts.observe(round_, costs)
+        return counts
+
+    def observe(self, round_: Round, costs: CostModel | None = None) -> None:
+        """Count one round; `costs` (calibrated, else v = 1) price its verification forward."""
+        drafted = len(round_.draft_token_ids)
+        self.rounds += 1
+        self.draft_tokens += drafted
+        self.accepted_tokens += round_.num_accepted
+        self.rejections += round_.rejected
+        self.emitted_tokens += len(round_.emitted_token_ids)
+        self.round_draft_forwards += round_.draft_forwards
+        self.draft_time_s += round_.draft_time_s
+        self.target_time_s += round_.target_time_s
+        self.verify_steps += costs.v(drafted + 1) if costs else 1.0
+        for counter in (self.reached, self.accepted_at):
+            counter.extend([0] * (drafted - len(counter)))
+        for i in range(min(drafted, round_.num_accepted + 1)):  # the positions this round reached
+            self.reached[i] += 1
+            self.accepted_at[i] += i < round_.num_accepted
+
+    def __add__(self, other: "Counts") -> "Counts":
+        """Both runs pooled: every counter summed, the per-position ones position by position."""
+        return Counts(**{f.name: _plus(getattr(self, f.name), getattr(other, f.name)) for f in fields(Counts)})
+
+
+def _plus(a, b):
+    """a + b; lists element-wise, the shorter one padded with zeros."""
+    if isinstance(a, list):
+        return [x + y for x, y in zip(a + [0] * (len(b) - len(a)), b + [0] * (len(a) - len(b)))]
+    return a + b
+
+
+@dataclass
+class Rates:
+    """Every metric of a run, computed once from its Counts by `Rates.of` (`specdec.core.metrics` defines them)."""
+
+    acceptance_rate: float = 0.0  # alpha-hat = accepted / (accepted + rejections); 0 when nothing was drafted
+    draft_acceptance_rate: float = 0.0  # accepted / proposed
+    mean_accepted_length: float = 0.0  # emitted tokens per round, bonus/correction included: 1 + accepted/rounds
+    per_position_acceptance: list[float] = field(default_factory=list)  # conditional: accepted at i / reached i
+    per_position_unconditional: list[float] = field(default_factory=list)  # accepted at i / all rounds
+    cost_ratio: float = 0.0  # c = one draft forward / one target step (target step: verification time / v)
     verify_cost: float = 1.0  # mean v(n+1) of the rounds: a verification forward in one-token target steps
-    theoretical_speedup: float = 1.0  # (1 - alpha^(k+1)) / (1 - alpha), = k+1 at alpha = 1
-    expected_walltime_speedup: float = 1.0  # Leviathan's bound (1 - alpha^(k+1)) / ((1 - alpha)(k*c + 1)), v = 1
+    tokens_per_s: float = 0.0  # emitted tokens / wall time
+    theoretical_speedup: float = 1.0  # tokens per target forward (1 - alpha^(k+1)) / (1 - alpha), = k+1 at alpha = 1
+    leviathan_bound: float = 1.0  # (1 - alpha^(k+1)) / ((1 - alpha)(k*c + 1)): verification = one step
     predicted_speedup: float = 1.0  # emitted / sum of (v(n+1) + draft forwards * c) over the rounds
 
     @classmethod
-    def from_rounds(cls, rounds: list[Round], k: int, costs: CostModel | None = None, **timing) -> "DecodeStats":
-        """Aggregate `rounds`; `costs` (calibrated, else v = 1) prices them; `timing` gives prefill_time_s,
+    def of(cls, counts: Counts, k: int, draft_cost: float | None = None) -> "Rates":
+        """The metrics of `counts` at draft length k; `draft_cost` (the calibrated c) prices the prediction,
+        else the run's own c does."""
+        accepted, rounds = counts.accepted_tokens, counts.rounds
+        alpha = ratio(accepted, accepted + counts.rejections)
+        c = ratio(ratio(counts.draft_time_s, counts.round_draft_forwards),
+                  ratio(counts.target_time_s, counts.verify_steps))
+        priced_c = c if draft_cost is None else draft_cost
+        width = max(k, len(counts.reached))
+        reached, accepted_at = (x + [0] * (width - len(x)) for x in (counts.reached, counts.accepted_at))
+        return cls(
+            acceptance_rate=alpha,
+            draft_acceptance_rate=ratio(accepted, counts.draft_tokens),
+            mean_accepted_length=1.0 + ratio(accepted, rounds),
+            per_position_acceptance=[ratio(a, r) for a, r in zip(accepted_at, reached)],
+            per_position_unconditional=[ratio(a, rounds) for a in accepted_at],
+            cost_ratio=c,
+            verify_cost=ratio(counts.verify_steps, rounds) or 1.0,
+            tokens_per_s=ratio(counts.emitted_tokens, counts.wall_time_s),
+            theoretical_speedup=theory.expected_tokens_per_step(alpha, k),
+            leviathan_bound=theory.leviathan_bound(alpha, k, c),
+            predicted_speedup=ratio(counts.emitted_tokens,
+                                    counts.verify_steps + counts.round_draft_forwards * priced_c),
+        )
+
+
+@dataclass
+class DecodeStats(Rates, Counts):
+    """A generation's Counts and the Rates computed from them once, at construction (`of`, `from_rounds`)."""
+
+    k: int = 0  # draft length per round asked for (0 for the target alone; k="auto": the mean draft length)
+
+    @classmethod
+    def of(cls, counts: Counts, k: int, costs: CostModel | None = None) -> "DecodeStats":
+        """`counts` with their rates; `costs` (calibrated, as the counts were priced with) give the prediction's c."""
+        rates = Rates.of(counts, k, costs.draft_cost if costs else None)
+        return cls(**asdict(counts), **asdict(rates), k=k)
+
+    @classmethod
+    def from_rounds(cls, rounds: list[Round], k: int, costs: CostModel | None = None, **run) -> "DecodeStats":
+        """Aggregate `rounds`; `costs` (calibrated, else v = 1) price them; `run` gives prefill_time_s,
         wall_time_s and the forward counts."""
-        s = cls(k=k, **timing)
-        s.rounds = len(rounds)
-        s.draft_tokens = sum(len(r.draft_token_ids) for r in rounds)
-        s.accepted_tokens = sum(r.num_accepted for r in rounds)
-        s.rejections = sum(r.rejected for r in rounds)
-        s.emitted_tokens = sum(len(r.emitted_token_ids) for r in rounds)
-        s.acceptance_rate = ratio(s.accepted_tokens, s.accepted_tokens + s.rejections)
-        s.draft_acceptance_rate = ratio(s.accepted_tokens, s.draft_tokens)
-        s.mean_accepted_length = 1.0 + ratio(s.accepted_tokens, s.rounds)
-        s.per_position_acceptance = _per_position(rounds, k)
-        s.draft_time_s = sum(r.draft_time_s for r in rounds)
-        s.target_time_s = sum(r.target_time_s for r in rounds)
-        s.tokens_per_s = ratio(s.emitted_tokens, s.wall_time_s)
-        verify_steps = sum(costs.v(len(r.draft_token_ids) + 1) if costs else 1.0 for r in rounds)
-        s.verify_cost = ratio(verify_steps, s.rounds) or 1.0
-        target_step_s = ratio(s.target_time_s, verify_steps)
-        s.cost_ratio = ratio(ratio(s.draft_time_s, sum(r.draft_forwards for r in rounds)), target_step_s)
-        s.theoretical_speedup = theory.expected_tokens_per_step(s.acceptance_rate, k)
-        s.expected_walltime_speedup = theory.walltime_speedup(s.acceptance_rate, k, s.cost_ratio)
-        priced = costs or assumed_costs(s.cost_ratio)
-        s.predicted_speedup = ratio(s.emitted_tokens, sum(priced.round_cost(len(r.draft_token_ids), r.draft_forwards)
-                                                          for r in rounds))
-        return s
+        return cls.of(Counts.of(rounds, costs, **run), k, costs)
+
+    @property
+    def counts(self) -> Counts:
+        """The counters alone (what pools with other runs)."""
+        return Counts(**{f.name: getattr(self, f.name) for f in fields(Counts)})
 
 
 @dataclass
@@ -220,14 +265,12 @@ def _number(value: float | None) -> str:
 
 
 def pooled_stats(results: list[GenerationResult], k: int, costs: CostModel | None = None) -> DecodeStats:
-    """One DecodeStats over several generations: every round pooled, times and forward counts summed;
-    `costs` (the calibrated ones the generations ran with) price the pooled rounds.
+    """One DecodeStats over several generations: their counts summed; `costs` (the calibrated ones the
+    generations ran with) give the prediction's c.
 
     Its tokens_per_s is pooled emitted tokens / pooled wall time (not a mean of per-run rates).
     """
-    timing = {name: sum(getattr(r.stats, name) for r in results)
-              for name in ("prefill_time_s", "wall_time_s", "target_forwards", "draft_forwards")}
-    return DecodeStats.from_rounds([rd for r in results for rd in r.rounds], k, costs, **timing)
+    return DecodeStats.of(sum((r.stats.counts for r in results), Counts()), k, costs)
 
 
 def ratio(a: float, b: float) -> float:
@@ -245,15 +288,3 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     if a == b:
         return None
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
-def _per_position(rounds: list[Round], k: int) -> list[float]:
-    """Conditional acceptance per draft position: accepted there / reached there (module docstring)."""
-    width = max([k] + [len(r.draft_token_ids) for r in rounds])
-    reached = [0] * width
-    accepted = [0] * width
-    for r in rounds:
-        for i in range(min(len(r.draft_token_ids), r.num_accepted + 1)):
-            reached[i] += 1
-            accepted[i] += i < r.num_accepted
-    return [ratio(a, d) for a, d in zip(accepted, reached)]

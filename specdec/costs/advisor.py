@@ -24,17 +24,17 @@ class Advice:
     cost_ratio: float  # c the advice is based on
     k: int  # the argmax in 1..K_MAX of the predicted speedup (verification priced at v(k+1))
     verify_cost: float  # v(k+1) at that k, in target steps (1 when no calibration was given)
-    expected_speedup: float  # predicted speedup at that k
-    expected_tokens_per_round: float  # (1 - alpha^(k+1)) / (1 - alpha) at that k
+    predicted_speedup: float  # predicted speedup at that k
+    theoretical_speedup: float  # tokens per target forward (1 - alpha^(k+1)) / (1 - alpha) at that k
     leviathan_k: int  # Leviathan's argmax (verification = 1 step), for comparison
-    worthwhile: bool  # expected_speedup > 1: otherwise the target alone is faster
+    worthwhile: bool  # predicted_speedup > 1: otherwise the target alone is faster
 
     @property
     def verdict(self) -> str:
         if self.worthwhile:
-            return (f"use k={self.k}: expect {self.expected_speedup:.2f}x ({self.expected_tokens_per_round:.2f} "
+            return (f"use k={self.k}: expect {self.predicted_speedup:.2f}x ({self.theoretical_speedup:.2f} "
                     f"tokens/round, verification {self.verify_cost:.2f} steps)")
-        return (f"no k pays off (best k={self.k} gives {self.expected_speedup:.2f}x): run the target alone, "
+        return (f"no k pays off (best k={self.k} gives {self.predicted_speedup:.2f}x): run the target alone, "
                 "or make the draft cheaper (lower c), closer to the target (higher alpha), or verification cheaper")
 
 

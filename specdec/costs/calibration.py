@@ -53,7 +53,7 @@ def calibrate(target, draft=None, *, n_max: int = N_MAX, repeats: int = REPEATS,
     drafter = NoDraft() if draft is None else as_drafter(draft, target_model)
     folder = Path(cache_dir) if cache_dir is not None else _default_cache_dir()
     target_key = _key("target", METHOD, _identity(target), n_max, repeats)
-    draft_key = _key("draft", target_key, _drafter_identity(draft, drafter))
+    draft_key = _key("draft", target_key, _drafter_identity(drafter))
     cached = _cached(folder, target_key, recalibrate)
     fresh = cached is None
     if fresh:
@@ -78,11 +78,10 @@ def calibrate(target, draft=None, *, n_max: int = N_MAX, repeats: int = REPEATS,
 
 def _own_model(drafter: Drafter, target_model: torch.nn.Module) -> torch.nn.Module | None:
     """The draft's model when it has one that shares no weights with the target (self-speculation does)."""
-    lm = getattr(getattr(drafter, "model_drafter", drafter), "lm", None)
-    if lm is None:
+    if drafter.model is None:
         return None
     target_tensors = {p.data_ptr() for p in target_model.parameters()}
-    return None if any(p.data_ptr() in target_tensors for p in lm.model.parameters()) else lm.model
+    return None if any(p.data_ptr() in target_tensors for p in drafter.model.parameters()) else drafter.model
 
 
 def measure_verification(model: torch.nn.Module, n_max: int, repeats: int) -> tuple[float, list[float], list[int]]:
@@ -109,15 +108,16 @@ def measure_verification(model: torch.nn.Module, n_max: int, repeats: int) -> tu
 
 
 def measure_draft_step(target_model: torch.nn.Module, drafter: Drafter, repeats: int) -> float:
-    """Median seconds per draft forward of a one-token proposal (a model-free drafter: per proposal)."""
-    inner = getattr(drafter, "model_drafter", drafter)  # a hybrid's cost is its model's
+    """Median seconds per draft forward of a one-token proposal (a model-free drafter: per proposal).
+
+    The context repeats no token, so a hybrid's prompt lookup finds nothing and its model drafts."""
     context = _context(target_model, CONTEXT_TOKENS)
     policy = SamplingPolicy(0.0, 1.0, torch.Generator(), vocab_size(target_model))
-    inner.prefill(context)
-    inner.propose(context, 1, policy)  # warm-up
+    drafter.prefill(context)
+    drafter.propose(context, 1, policy)  # warm-up
     per_forward = []
     for _ in range(repeats):
-        proposal = inner.propose(context, 1, policy)
+        proposal = drafter.propose(context, 1, policy)
         per_forward.append(proposal.time_s / max(proposal.forwards, 1))
     return statistics.median(per_forward)
 
@@ -131,7 +131,8 @@ def _time_forward(lm: CachedLM, base: list[int], n: int) -> float:
 
 
 def _context(model: torch.nn.Module, length: int) -> list[int]:
-    """A deterministic, non-repeating-ish context (timing does not depend on which ids)."""
+    """A deterministic context of distinct tokens (given length + 10 rows or more: the stride 7919 is prime);
+    timing does not depend on which ids."""
     rows = vocab_size(model)
     return [(7 + 7919 * i) % (rows - 10) + 5 for i in range(length)]
 
@@ -147,14 +148,9 @@ def _identity(model_or_loaded) -> str:
     return f"module|{hashlib.sha256(config.encode()).hexdigest()[:16]}|{size}|{dtype}"
 
 
-def _drafter_identity(draft, drafter) -> str:
-    parts = [type(drafter).__name__, str(getattr(drafter, "layers", ""))]
-    inner = getattr(drafter, "model_drafter", drafter)
-    if draft is not None and not isinstance(draft, Drafter):
-        parts.append(_identity(draft))
-    elif hasattr(inner, "lm"):
-        parts.append(_identity(inner.lm.model))
-    return "|".join(parts)
+def _drafter_identity(drafter: Drafter) -> str:
+    """What the draft's cost depends on: the drafter's own cost key and the identity of the model it drafts with."""
+    return "|".join([drafter.cost_key] + ([_identity(drafter.model)] if drafter.model is not None else []))
 
 
 def _key(kind: str, *parts) -> str:

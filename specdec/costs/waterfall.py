@@ -1,7 +1,7 @@
 """From Leviathan's bound to the measured speedup, one cost at a time (the cost waterfall).
 
 Each step is a speedup over the target alone; going down the list adds one cost the step before
-ignored (definitions in `specdec.core.trace`):
+ignored (definitions in `specdec.core.metrics`):
 
 1. tokens per target forward, Eq. 1 of Leviathan et al. 2023 at the run's alpha-hat and k: drafting and
    verification are free;
@@ -37,7 +37,7 @@ def theory_steps(alpha: float, k: int, c: float, v: float) -> list[Step]:
     tokens = theory.expected_tokens_per_step(alpha, k)
     return [
         Step("Eq. 1: tokens per target forward", tokens, f"(1 − α^(k+1))/(1 − α) at α = {alpha:.3f}, k = {k}"),
-        Step("÷ (1 + k·c) drafting = Leviathan's bound", theory.walltime_speedup(alpha, k, c),
+        Step("÷ (1 + k·c) drafting = Leviathan's bound", theory.leviathan_bound(alpha, k, c),
              f"÷ (1 + {k}·{c:.3f})"),
         Step("verification at v(k+1) steps", theory.predicted_speedup(alpha, k, c, v),
              f"verification costs v(k+1) = {v:.2f} target steps, not 1"),

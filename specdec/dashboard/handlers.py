@@ -241,7 +241,7 @@ def k_sweep(hub: ModelHub, target, draft, bridge, prompt, max_new_tokens, k_max,
                      "v(k+1)": round(costs.v(k + 1), 2), "tokens/s": round(result.stats.tokens_per_s, 2),
                      "measured speedup": round(sweep["points"][-1][1], 2),
                      "predicted": round(result.stats.predicted_speedup, 2),
-                     "Leviathan bound": round(result.stats.expected_walltime_speedup, 2)})
+                     "Leviathan bound": round(result.stats.leviathan_bound, 2)})
         pooled = partial_result(rounds, max(ks), costs).stats
         alpha, c = round(pooled.acceptance_rate, 3), round(costs.draft_cost, 3)
         status = "done" if k == ks[-1] else f"measured k = {k} ({len(sweep['points'])}/{len(ks)})…"

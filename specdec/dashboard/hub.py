@@ -9,17 +9,12 @@ from __future__ import annotations
 from specdec import models
 from specdec.core.costmodel import CostModel
 from specdec.costs.calibration import calibrate
-from specdec.drafters import HYBRID_SUFFIX
+from specdec.drafters import HYBRID_SUFFIX, DraftSpec, Vocabulary
 from specdec.models import aligned, entries
 
 from specdec.dashboard.config import AppConfig, MODEL_DRAFTERS
 
-BRIDGES = {  # vocabulary mode offered in the UI -> specdec.models.load_draft's bridge argument
-    "auto": "auto",  # through the text bridge only when the tokenizers differ
-    "as is": False,  # ids used as they are: the engine refuses a different vocabulary
-    "naive ids": "naive",  # ids fed across vocabularies (NaiveCrossVocabDrafter): acceptance collapses
-    "text bridge": True,  # always through text (specdec.drafters.TextBridgeDrafter)
-}
+VOCABULARIES = tuple(mode.value for mode in Vocabulary)  # the vocabulary modes the UI offers (specdec.drafters.spec)
 
 
 class ModelHub:
@@ -64,9 +59,10 @@ class ModelHub:
         aligned draft; otherwise the same-family draft, then the first other-tokenizer draft naive and bridged."""
         card = self.aligned_default(target or self.default("target"))
         if card is not None:
-            return [(self.default("draft"), "as is"), (card.source, "naive ids"), (card.spec, "as is")]
+            return [(self.default("draft"), Vocabulary.AS_IS), (card.source, Vocabulary.NAIVE),
+                    (card.spec, Vocabulary.AS_IS)]
         other = self.default("unaligned-draft")
-        return [(self.default("draft"), "as is"), (other, "naive ids"), (other, "text bridge")]
+        return [(self.default("draft"), Vocabulary.AS_IS), (other, Vocabulary.NAIVE), (other, Vocabulary.BRIDGE)]
 
     def model(self, name: str, role: str = "draft", progress=None, load_as: str = "draft"):
         """A model (not a drafter) the host allows as `role`, through the shared pool, loaded in the format
@@ -89,17 +85,26 @@ class ModelHub:
         return name if name in offered or not offered else offered[0]
 
     def check(self, name: str, role: str) -> str:
-        """`name` if this host lets a visitor load it as `role`; otherwise a ValueError saying what is allowed."""
+        """`name` if this host lets a visitor load it as `role`; otherwise a ValueError saying what is allowed.
+
+        A draft is read by `DraftSpec.parse` (the factory's own grammar); the model it names, if any, is checked."""
         if not name:
             raise ValueError(f"choose a {role} model")
-        if role == "draft" and (name in MODEL_DRAFTERS or name.startswith("self:")):
-            return name
-        if role == "draft" and name.endswith(HYBRID_SUFFIX):
-            return self.check(name.removesuffix(HYBRID_SUFFIX), role) + HYBRID_SUFFIX
-        if role == "draft" and name.startswith(aligned.PREFIX):
-            if not self._allowed(aligned.find(name)):
-                raise ValueError(f"aligned draft {name!r} is made from or for a model this host does not offer")
-            return name
+        if role != "draft":
+            return self._check_model(name)
+        spec = DraftSpec.parse(name)
+        if spec.vocabulary_file and not self.config.allow_custom_models:
+            raise ValueError(f"{name!r}: a draft vocabulary file is a custom path, disabled on this host "
+                             "(SPECDEC_ALLOW_CUSTOM_MODELS=0)")
+        if spec.model.startswith(aligned.PREFIX):
+            if not self._allowed(aligned.find(spec.model)):
+                raise ValueError(f"aligned draft {spec.model!r} is made from or for a model this host does not offer")
+        elif spec.model:
+            self._check_model(spec.model)
+        return name
+
+    def _check_model(self, name: str) -> str:
+        """A model name (catalogue entry, folder or id) this host offers."""
         if name.lower() in {e.name for e in models.catalogue()}:
             if not self._listed(name):
                 raise ValueError(f"model {name!r} is not offered on this host; allowed: "
@@ -117,15 +122,13 @@ class ModelHub:
             progress(0.0, desc=f"loading target {name} (a first load can take a minute)…")
         return self.pool.get(name, dtype=self.config.dtype, progress=stages(progress))
 
-    def draft(self, name: str, target, bridge: str = "auto", progress=None):
-        """A draft for `target` (see BRIDGES for how it meets the target's vocabulary)."""
+    def draft(self, name: str, target, bridge: Vocabulary | str = Vocabulary.AUTO, progress=None):
+        """A draft for `target`; `bridge` (a Vocabulary) says how it meets the target's vocabulary."""
         name = self.check(name, "draft")
-        if bridge not in BRIDGES:
-            raise ValueError(f"vocabulary mode must be one of {', '.join(BRIDGES)}, got {bridge!r}")
+        vocabulary = Vocabulary.of(bridge)
         if progress is not None:
             progress(0.5, desc=f"loading draft {name}…")
-        return self.pool.draft(name, target, dtype=self.config.dtype, bridge=BRIDGES[bridge],
-                               progress=stages(progress))
+        return self.pool.draft(name, target, dtype=self.config.dtype, bridge=vocabulary, progress=stages(progress))
 
     def costs(self, target, draft, progress=None) -> CostModel:
         """The pair's calibrated costs (v(n), c): measured once per machine and cached on disk."""

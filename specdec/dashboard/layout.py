@@ -13,7 +13,7 @@ from specdec.dashboard.chips import CSS as CHIPS_CSS, legend_html
 from specdec.dashboard.config import AppConfig, K_RANGE, PROMPTS
 from specdec.dashboard.handlers import SWEEP_KS
 
-from specdec.dashboard.hub import BRIDGES, ModelHub
+from specdec.dashboard.hub import VOCABULARIES, ModelHub
 from specdec.dashboard.panels import CSS as PANELS_CSS
 from specdec.dashboard.runs import RunControl
 
@@ -70,7 +70,7 @@ def build_demo(config: AppConfig, hub: ModelHub | None = None) -> gr.Blocks:
                                            info="any folder / .gguf / hub id also works" if custom else None)
                         draft = model_box(hub.choices("draft"), value=hub.default("draft"), label="draft",
                                           info="a model, `lookup` (prompt lookup) or `self:L` (first L target layers)")
-                        bridge = gr.Radio(list(BRIDGES), value="auto", label="draft vocabulary",
+                        bridge = gr.Radio(list(VOCABULARIES), value="auto", label="draft vocabulary",
                                           info="auto: through the text bridge when the tokenizers differ")
                         preset = gr.Dropdown(list(PROMPTS), value=next(iter(PROMPTS)), label="prompt preset")
                         classroom = gr.Button("Classroom preset: quick enough to watch on a laptop CPU", size="sm",
@@ -146,7 +146,7 @@ def build_demo(config: AppConfig, hub: ModelHub | None = None) -> gr.Blocks:
                         with gr.Column():
                             compare_inputs.append(model_box(hub.choices("draft") + [("(none)", "")], value=name,
                                                             label=f"draft {column + 1}"))
-                            compare_inputs.append(gr.Radio(list(BRIDGES), value=mode, label="vocabulary"))
+                            compare_inputs.append(gr.Radio(list(VOCABULARIES), value=mode, label="vocabulary"))
                             compare_panels.append(gr.HTML(elem_id=f"compare-chips-{column + 1}"))
                 compare_run = gr.Button("Compare", variant="primary", elem_id="compare-run")
                 compare_status = gr.Markdown(elem_id="compare-status")

@@ -2,18 +2,14 @@
 from __future__ import annotations
 
 import html
-import re
 
 import pandas as pd
 
-import specdec.core.trace
+from specdec.core.metrics import definitions
 from specdec.core.trace import DecodeStats, GenerationResult, measured_speedup
 from specdec.lab.report import STAT_LINES, round_rows
 
 TABLE_COLUMNS = ("round", "k", "drafted by", "matches", "accepted", "target token", "kind", "produced")  # the round table
-MEASURED_SPEEDUP_HELP = (
-    "measured speedup = tokens/s of this speculative run ÷ tokens/s of the target alone, run right after it "
-    "on the same prompt with the same settings and the same number of new tokens (wall time, prefill included)")
 BASELINE_HELP = "the target alone (specdec.autoregressive_generate): new tokens ÷ wall time of the whole call"
 
 CSS = """
@@ -25,12 +21,6 @@ CSS = """
 """
 
 
-def definitions() -> dict[str, str]:
-    """Metric definitions by stat field, read from the bullets of specdec.core.trace's docstring."""
-    bullets = re.split(r"\n- ", specdec.core.trace.__doc__ or "")[1:]
-    return {b.split()[0].split("[")[0]: " ".join(b.split()) for b in bullets}
-
-
 def round_table(result: GenerationResult, tokenizer) -> pd.DataFrame:
     """specdec.lab.report.round_rows as a DataFrame (the round table; the chips show the running text)."""
     rows = round_rows(result, tokenizer)
@@ -38,14 +28,14 @@ def round_table(result: GenerationResult, tokenizer) -> pd.DataFrame:
 
 
 def stats_html(stats: DecodeStats, baseline: DecodeStats | None = None) -> str:
-    """One card per STAT_LINES entry (its label and, on hover, its definition), plus the baseline cards."""
+    """One card per STAT_LINES entry (its label and, on hover, its definition from METRICS), plus the baseline cards."""
     defined = definitions()
     cards = [_card(fmt.format(getattr(stats, name)), label, f"{label}. {defined.get(name, '')}".strip())
              for name, label, fmt in STAT_LINES]
     if baseline is not None:
         cards.append(_card(f"{baseline.tokens_per_s:.2f}", "tokens/s, target alone", BASELINE_HELP, measured=True))
-        cards.append(_card(f"{measured_speedup(stats, baseline):.2f}×", "measured speedup", MEASURED_SPEEDUP_HELP,
-                           measured=True))
+        cards.append(_card(f"{measured_speedup(stats, baseline):.2f}×", "measured speedup",
+                           f"measured speedup. {defined['measured_speedup']}", measured=True))
     return f'<div class="stat-cards" id="stats">{"".join(cards)}</div>'
 
 

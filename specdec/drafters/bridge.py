@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import time
 
+import torch
+
 from specdec.core.drafter import ModelDrafter, Proposal, SamplingPolicy
 from specdec.core.inputs import unwrap, vocab_size
 from specdec.core.kv import CachedLM
@@ -48,9 +50,15 @@ class TextBridgeDrafter:
         self.draft_eos = {draft_tokenizer.eos_token_id} - {None}
         self.empty_context = [draft_tokenizer.bos_token_id or draft_tokenizer.eos_token_id or 0]  # for "" text
 
+    cost_key = "TextBridgeDrafter"  # the draft model's forwards plus the re-tokenisation of each round
+
     @property
     def forwards(self) -> int:
         return self.lm.forwards
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.lm.model
 
     def prefill(self, prompt_ids: list[int]) -> float:
         return self.lm.prefill(self._draft_context(prompt_ids))

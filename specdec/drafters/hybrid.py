@@ -8,6 +8,8 @@ sampling stays lossless (a lookup proposal is a point mass; a model proposal car
 """
 from __future__ import annotations
 
+import torch
+
 from specdec.core.drafter import Drafter, Proposal, SamplingPolicy
 from specdec.drafters.lookup import PromptLookupDraft
 
@@ -23,7 +25,16 @@ class HybridDrafter:
 
     @property
     def forwards(self) -> int:
-        return getattr(self.model_drafter, "forwards", 0)
+        return self.model_drafter.forwards
+
+    @property
+    def model(self) -> torch.nn.Module | None:
+        return self.model_drafter.model
+
+    @property
+    def cost_key(self) -> str:
+        """Its kind and its model drafter's key: c prices the model's forwards (lookup runs none)."""
+        return f"HybridDrafter|{self.model_drafter.cost_key}"
 
     def prefill(self, prompt_ids: list[int]) -> float:
         return self.model_drafter.prefill(prompt_ids)

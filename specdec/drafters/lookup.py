@@ -40,6 +40,7 @@ class PromptLookupDraft:
     """
 
     forwards = 0  # no model, no forwards
+    model = None
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         if not isinstance(min_ngram, int) or not isinstance(max_ngram, int) or not 1 <= min_ngram <= max_ngram:
@@ -48,6 +49,10 @@ class PromptLookupDraft:
                 f"max_ngram={max_ngram!r} (the defaults 3 and 1 suit most prompts)")
         self.max_ngram = max_ngram  # longest suffix n-gram searched for
         self.min_ngram = min_ngram  # shortest suffix n-gram accepted as a match
+
+    @property
+    def cost_key(self) -> str:
+        return f"PromptLookupDraft|ngram={self.min_ngram}..{self.max_ngram}"
 
     def prefill(self, prompt_ids: list[int]) -> float:
         return 0.0

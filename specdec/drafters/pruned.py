@@ -8,7 +8,7 @@ proposed); the target verifies with the one rule of `specdec.core.verify`, so gr
 sampling stays lossless.
 
 The set is a JSON file `{"token_ids": [...], ...}` (`save_vocabulary`); the drafter spec
-`MODEL@vocab=FILE` names it (`specdec.drafters.from_spec`).
+`MODEL@vocab=FILE` names it (`specdec.drafters.spec`).
 """
 from __future__ import annotations
 
@@ -20,9 +20,6 @@ from typing import Iterable
 import torch
 
 from specdec.core.drafter import ModelDrafter
-
-VOCAB_SEPARATOR = "@vocab="  # MODEL@vocab=FILE
-
 
 class PrunedVocabularyDrafter(ModelDrafter):
     """A causal LM drafting over `token_ids` only; the head's rows for the set are sliced once."""

@@ -110,6 +110,10 @@ class SelfSpeculativeDraft(ModelDrafter):
         super().__init__(layer_view(target_model, layers))
 
     @property
+    def cost_key(self) -> str:
+        return f"SelfSpeculativeDraft|layers={self.layers}"
+
+    @property
     def spec(self) -> str:
         """The `--draft` name of this draft."""
         return f"self:{self.layers}"

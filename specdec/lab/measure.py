@@ -4,7 +4,7 @@
 cells in `specdec.lab.bench.run`): untimed first calls, then a generation timed `repeats` times, median.
 `DraftTrials` runs drafts on fixed prompts, greedy, against a target-alone baseline measured once
 after a warm-up. `calibrate_layers` picks the L of self-speculation (`specdec.drafters.selfspec`) by
-the cost-aware bound of Leviathan et al. 2023 measured on a few prompts; `recommend_fallback` compares
+Leviathan's bound (Leviathan et al. 2023) measured on a few prompts; `recommend_fallback` compares
 the best L with prompt lookup for the acceptance probe.
 """
 from __future__ import annotations
@@ -66,12 +66,12 @@ class DraftMeasurement:
     """One draft measured on a few prompts, greedy, against the target alone in the same run."""
 
     draft: str  # `--draft` name: "self:L" or "lookup"
-    alpha: float  # pooled acceptance rate over all rounds of all prompts (definition in specdec.core.trace)
-    cost_ratio: float  # c = mean draft forward time / mean target forward time (0 for a model-free draft)
-    bound: float  # cost-aware bound theory.walltime_speedup(alpha, k, c), Leviathan et al. 2023
-    tokens_per_round: float  # measured emitted tokens per target forward (mean accepted length + 1 target token)
+    acceptance_rate: float  # alpha-hat pooled over all rounds of all prompts (specdec.core.metrics)
+    cost_ratio: float  # c = one draft forward / one target step, pooled (0 for a model-free draft)
+    leviathan_bound: float  # theory.leviathan_bound(alpha-hat, k, c), Leviathan et al. 2023
+    mean_accepted_length: float  # tokens emitted per target forward, the target's own token included
     drafted_rounds: float  # fraction of rounds in which the draft proposed anything
-    speedup: float  # measured tokens/s of speculative decoding / tokens/s of the target alone
+    measured_speedup: float  # measured tokens/s of speculative decoding / tokens/s of the target alone
 
 
 @dataclass
@@ -79,7 +79,7 @@ class Calibration:
     """`calibrate_layers` result: one measurement per candidate L and the L with the best bound."""
 
     results: list[tuple[int, DraftMeasurement]]  # (L, measurement) for each candidate L, ascending L
-    best_layers: int  # the L maximising the cost-aware bound
+    best_layers: int  # the L maximising Leviathan's bound
 
     @property
     def best(self) -> DraftMeasurement:
@@ -110,7 +110,7 @@ def calibrate_layers(target_model, prompts_ids, k: int = 4, candidates: list[int
     """Measure alpha, c, the bound and the real speedup of self-speculation for each candidate L.
 
     Greedy decoding of `max_new_tokens` on each prompt; the best L maximises
-    theory.walltime_speedup(alpha, k, c) (the cost-aware bound) pooled over the prompts.
+    theory.leviathan_bound(alpha-hat, k, c) pooled over the prompts.
     """
     return calibrate_on(DraftTrials(target_model, prompts_ids, k, max_new_tokens), candidates, on_layer)
 
@@ -126,7 +126,7 @@ def calibrate_on(run: DraftTrials, candidates: list[int] | None, on_layer: OnLay
         results.append((layers, run.measure(f"self:{layers}", lambda: SelfSpeculativeDraft(model, layers))))
         if on_layer is not None:
             on_layer(*results[-1])
-    best_layers = max(results, key=lambda item: item[1].bound)[0]
+    best_layers = max(results, key=lambda item: item[1].leviathan_bound)[0]
     return Calibration(results, best_layers)
 
 
@@ -143,26 +143,27 @@ def recommend_fallback(target_model, prompts_ids, k: int = 4, candidates: list[i
     calibration = calibrate_on(run, candidates)
     lookup = run.measure("lookup", PromptLookupDraft)
     self_spec = calibration.best
-    winner, other = sorted([self_spec, lookup], key=lambda m: m.speedup, reverse=True)
+    winner, other = sorted([self_spec, lookup], key=lambda m: m.measured_speedup, reverse=True)
     return {
         "k": k,
         "prompts": len(prompts_ids),
         "self_speculation": {"layers": calibration.best_layers, **asdict(self_spec)},
         "prompt_lookup": asdict(lookup),
         "calibration": calibration.to_dict()["results"],
-        "best_draft": winner.draft if winner.speedup > 1.0 else None,
+        "best_draft": winner.draft if winner.measured_speedup > 1.0 else None,
         "recommendation": _recommendation(winner, other, len(prompts_ids)),
     }
 
 
 def _recommendation(winner: DraftMeasurement, other: DraftMeasurement, prompts: int) -> str:
-    if winner.speedup <= 1.0:
+    if winner.measured_speedup <= 1.0:
         return (f"Neither draft-free fallback beats the target alone on these {prompts} prompts "
-                f"({_describe(winner)}: {winner.speedup:.2f}x, {_describe(other)}: {other.speedup:.2f}x): "
-                "turn speculation off, or retrain the draft.")
-    return (f"Fall back to {_describe(winner)} (--draft {winner.draft}): measured {winner.speedup:.2f}x over the "
-            f"target alone (alpha={winner.alpha:.2f}, c={winner.cost_ratio:.2f}, bound {winner.bound:.2f}x) on "
-            f"{prompts} prompts; {_describe(other)} measured {other.speedup:.2f}x.")
+                f"({_describe(winner)}: {winner.measured_speedup:.2f}x, {_describe(other)}: "
+                f"{other.measured_speedup:.2f}x): turn speculation off, or retrain the draft.")
+    return (f"Fall back to {_describe(winner)} (--draft {winner.draft}): measured {winner.measured_speedup:.2f}x "
+            f"over the target alone (α̂={winner.acceptance_rate:.2f}, c={winner.cost_ratio:.2f}, Leviathan bound "
+            f"{winner.leviathan_bound:.2f}x) on {prompts} prompts; {_describe(other)} measured "
+            f"{other.measured_speedup:.2f}x.")
 
 
 def _describe(measurement: DraftMeasurement) -> str:
@@ -204,10 +205,10 @@ class DraftTrials:
         rounds = [r for result in results for r in result.rounds]
         return DraftMeasurement(
             draft=name,
-            alpha=stats.acceptance_rate,
+            acceptance_rate=stats.acceptance_rate,
             cost_ratio=stats.cost_ratio,
-            bound=stats.expected_walltime_speedup,
-            tokens_per_round=stats.mean_accepted_length,
+            leviathan_bound=stats.leviathan_bound,
+            mean_accepted_length=stats.mean_accepted_length,
             drafted_rounds=ratio(sum(bool(r.draft_token_ids) for r in rounds), len(rounds)),
-            speedup=ratio(stats.tokens_per_s, self.baseline_tokens_per_s),
+            measured_speedup=ratio(stats.tokens_per_s, self.baseline_tokens_per_s),
         )

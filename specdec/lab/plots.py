@@ -7,6 +7,7 @@ import plotly.graph_objects as go
 
 from specdec.core import theory
 from specdec.core.trace import DecodeStats, Round
+from specdec.lab.report import POSITION_CONVENTIONS
 
 COLOURS = ("#2b7bba", "#e07b39", "#3c9a5f", "#9b59b6", "#c0392b", "#7f8c8d", "#b7950b")
 
@@ -71,10 +72,10 @@ def accepted_length_histogram(rounds: list[Round], k: int) -> go.Figure:
 
 
 def per_position_acceptance(stats: DecodeStats) -> go.Figure:
-    """Rounds that accepted draft position i / rounds that reached it (drafts before it all accepted)."""
+    """Acceptance at each draft position in both conventions: accepted / reached (first), accepted / rounds."""
     positions = list(range(1, len(stats.per_position_acceptance) + 1))
-    return figure("per-position acceptance: accepted / reached", "draft position", "accepted share",
-                  [Series("acceptance", positions, stats.per_position_acceptance, kind="bar")], y_range=(0, 1.05))
+    series = [Series(convention, positions, getattr(stats, name), kind="bar") for name, convention in POSITION_CONVENTIONS]
+    return figure("per-position acceptance", "draft position", "accepted share", series, y_range=(0, 1.05))
 
 
 def speedup_curves(alpha: float, c: float, k_max: int, measured: list[tuple[int, float]], slope: float = 0.0,
@@ -92,7 +93,7 @@ def speedup_curves(alpha: float, c: float, k_max: int, measured: list[tuple[int,
         Series("(1−α^(k+1))/(1−α)  tokens per target forward", ks,
                [theory.expected_tokens_per_step(alpha, k) for k in ks]),
         Series("Leviathan bound (1−α^(k+1))/((1−α)(kc+1)), verification = 1 step", ks,
-               [theory.walltime_speedup(alpha, k, c) for k in ks]),
+               [theory.leviathan_bound(alpha, k, c) for k in ks]),
         Series("predicted (1−α^(k+1))/((1−α)(v(k+1)+kc))", ks, predicted),
         Series(f"optimal k = {best}", [best], [predicted[best - 1]], kind="markers", text=[f"k*={best}"]),
         Series("v(k+1) = 1 + slope·k, in target steps", ks, v),

@@ -40,9 +40,9 @@ from specdec.core.inputs import vocab_size
 from specdec.core.suites import ALL, encode, load_suite
 from specdec.core.trace import measured_speedup, pooled_stats
 from specdec.costs.calibration import calibrate
-from specdec.drafters import from_spec
+from specdec.drafters import Vocabulary, from_spec
 from specdec.drafters.bridge import NaiveCrossVocabDrafter, TextBridgeDrafter
-from specdec.drafters.pruned import VOCAB_SEPARATOR
+from specdec.drafters.spec import VOCAB_SEPARATOR
 from specdec.drafters.tokenizers import tokenizer_report
 from specdec.lab.measure import DraftTrials
 from specdec.models import aligned, cache
@@ -272,7 +272,7 @@ def measure(target, other, same_draft: str, settings: RecipeSettings, folder: Pa
     pruned = f"{distilled}{VOCAB_SEPARATOR}{folder / 'prune' / 'vocabulary.json'}"
     load = lambda name: load_model(name, dtype=target.dtype)  # noqa: E731
     contenders = [
-        (f"(a) {Path(same_draft).name}", "target's", lambda: load_draft(same_draft, target, bridge=False)),
+        (f"(a) {Path(same_draft).name}", "target's", lambda: load_draft(same_draft, target, bridge=Vocabulary.AS_IS)),
         (f"(b) {other.name}, ids fed naively", f"{other.name}'s", lambda: NaiveCrossVocabDrafter(other)),
         (f"(c) {other.name} via text bridge", f"{other.name}'s",
          lambda: TextBridgeDrafter(other, target.tokenizer)),

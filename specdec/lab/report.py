@@ -13,10 +13,16 @@ STAT_LINES = (  # (field, label, format)
     ("cost_ratio", "cost ratio c = one draft step / one target step", "{:.3f}"),
     ("verify_cost", "verification cost v(k+1) in target steps (1 = Leviathan's assumption)", "{:.2f}"),
     ("theoretical_speedup", "tokens per target forward (1-α^(k+1))/(1-α)", "{:.2f}"),
-    ("expected_walltime_speedup", "Leviathan bound (1-α^(k+1))/((1-α)(kc+1)), verification = 1 step", "{:.2f}"),
+    ("leviathan_bound", "Leviathan bound (1-α^(k+1))/((1-α)(kc+1)), verification = 1 step", "{:.2f}"),
     ("predicted_speedup", "predicted speedup tokens/(v(n+1)+forwards·c) over the rounds", "{:.2f}"),
     ("tokens_per_s", "tokens/s", "{:.2f}"),
     ("wall_time_s", "wall time (s)", "{:.2f}"),
+)
+
+
+POSITION_CONVENTIONS = (  # (field, convention): per-position acceptance both ways it is reported
+    ("per_position_acceptance", "conditional: accepted/reached (this lab, SGLang)"),
+    ("per_position_unconditional", "unconditional: accepted/rounds (vLLM, llama.cpp)"),
 )
 
 
@@ -58,7 +64,11 @@ def format_table(rows: list[dict]) -> str:
 
 
 def format_stats(stats: DecodeStats) -> str:
-    return "\n".join(f"{label}: {fmt.format(getattr(stats, name))}" for name, label, fmt in STAT_LINES)
+    """One line per STAT_LINES metric, then the per-position acceptance in both conventions."""
+    lines = [f"{label}: {fmt.format(getattr(stats, name))}" for name, label, fmt in STAT_LINES]
+    lines += [f"per-position acceptance, {convention}: " + (" ".join(f"{r:.3f}" for r in getattr(stats, name)) or "–")
+              for name, convention in POSITION_CONVENTIONS]
+    return "\n".join(lines)
 
 
 def baseline_lines(result: GenerationResult, baseline: GenerationResult, greedy: bool, dtype: str,
@@ -67,7 +77,7 @@ def baseline_lines(result: GenerationResult, baseline: GenerationResult, greedy:
     speedup = measured_speedup(result.stats, baseline.stats)
     lines = [f"target alone: {baseline.stats.tokens_per_s:.2f} tokens/s; measured speedup: {speedup:.2f}x "
              f"(predicted {result.stats.predicted_speedup:.2f}x, Leviathan bound "
-             f"{result.stats.expected_walltime_speedup:.2f}x)"]
+             f"{result.stats.leviathan_bound:.2f}x)"]
     if not greedy:
         lines.append("sampling: outputs differ run to run; the output law is the target's (lossless rejection sampling)")
         return lines

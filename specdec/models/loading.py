@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from specdec.drafters import from_spec
+from specdec.drafters import Vocabulary, from_spec
 from specdec.models import aligned, cache, convert, entries, formats, hub, quant, quant_store
 from specdec.models.cache import Progress
 from specdec.models.speed import apply_speed_levers
@@ -269,19 +269,16 @@ def add_model_arguments(parser, *, target_default: str | None = None) -> None:
                              "changes the output; auto = the fastest measured on this machine")
 
 
-def load_draft(spec: str, target: LoadedModel, *, dtype="auto", bridge="auto", device: str = "auto",
-               pool=None, progress: Progress | None = None):
+def load_draft(spec: str, target: LoadedModel, *, dtype="auto", bridge: Vocabulary | str = Vocabulary.AUTO,
+               device: str = "auto", pool=None, progress: Progress | None = None):
     """A draft for `target` by `specdec.drafters.from_spec`: "lookup", "self:L", "MODEL+lookup" or a model.
 
-    A model draft loads with `load_model` (or through `pool`, a ModelPool) in `dtype`, apart from the target's;
-    "auto" = the fastest format measured here for a draft (`resolve_dtype`, role "draft"). bridge: "auto" (text bridge only when the tokenizers differ), True (always), False (ids as
-    they are: the engine refuses a different vocabulary) or "naive" (ids fed across vocabularies).
+    A model draft loads with `load_model` (or through `pool`, a ModelPool) in `dtype`, apart from the target's:
+    "auto" = the fastest format measured here for a draft (`resolve_dtype`, role "draft"). bridge: how a model
+    draft meets the target's ids, a `specdec.drafters.Vocabulary`.
     """
-
-    modes = {"auto": "auto", True: "bridge", False: "as is", "naive": "naive"}
-    if bridge not in modes:
-        raise ValueError(f"bridge must be 'auto', True, False or 'naive', got {bridge!r}")
+    vocabulary = Vocabulary.of(bridge, "bridge")
     load = pool.get if pool is not None else load_model
     return from_spec(spec, target, load=lambda name: load(name, dtype=dtype, device=device, progress=progress,
                                                           role="draft"),
-                     vocabulary=modes[bridge])
+                     vocabulary=vocabulary)

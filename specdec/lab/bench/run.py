@@ -11,7 +11,7 @@ of both HF methods are compared token by token with the target alone and diverge
 in the row, never hidden (bf16 batched-vs-single-token near-ties do happen).
 
 Rows go to the run folder (`specdec.lab.bench.store`) as soon as a cell finishes; `specdec.lab.bench.summary`
-aggregates them. Metric definitions: `specdec.core.trace`. This module returns data and never prints;
+aggregates them. Metric definitions: `specdec.core.metrics`. This module returns data and never prints;
 the CLI (`specdec.cli.bench`) prints and draws.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Callable
 
@@ -27,11 +27,12 @@ import torch
 from transformers import GenerationConfig
 
 from specdec.core.costmodel import CostModel
+from specdec.core.drafter import Drafter
 from specdec.core.engine import autoregressive_generate, speculative_generate
 from specdec.core.inputs import resolve_eos, unwrap
 from specdec.core.limits import K_AUTO_START
 from specdec.core.suites import Prompt, encode
-from specdec.core.trace import explain_divergence, first_divergence, ratio
+from specdec.core.trace import Counts, explain_divergence, first_divergence, ratio
 from specdec.lab.bench.store import RESULTS_CSV, append_row, check_run_folder, read_rows, row_key, write_csv
 from specdec.lab.measure import Timed, WARMUP_TOKENS, time_median, warm_up
 
@@ -47,6 +48,7 @@ class BenchConfig:
     seed: int = 0  # sampling seed (the same for every method and repeat)
     dtype: str = "float32"  # weights dtype, for the record
     prompts: str = ""  # fingerprint of the prompts (ids and texts), filled in by run_bench: one folder, one suite
+    row_format: int = 2  # what a row holds (2: the engine's Counts): a folder of older rows is not resumed
 
 
 @dataclass
@@ -61,8 +63,9 @@ class Contender:
 
 
 def contender(name: str, draft, target, costs: CostModel | None = None) -> Contender:
-    """Wrap a draft; HF assisted generation applies only to a model draft with the target's vocab size."""
-    draft_model, _ = unwrap(draft, None)
+    """Wrap a draft; HF assisted generation applies only to a model draft (not a Drafter) with the target's
+    vocab size."""
+    draft_model = None if isinstance(draft, Drafter) else unwrap(draft, None)[0]
     target_model, _ = unwrap(target, None)
     same_vocab = (isinstance(draft_model, torch.nn.Module)
                   and draft_model.config.get_text_config().vocab_size == target_model.config.get_text_config().vocab_size)
@@ -70,18 +73,16 @@ def contender(name: str, draft, target, costs: CostModel | None = None) -> Conte
 
 
 def weights_fingerprint(draft) -> str:
-    """sha256 over the draft's kind, config, and every parameter's shape and sum (model-free: its settings)."""
-    inner = getattr(draft, "model_drafter", draft)
-    lm = getattr(inner, "lm", None)
-    model = lm.model if lm is not None else unwrap(draft, None)[0]
-    digest = hashlib.sha256(type(draft).__name__.encode())
-    if isinstance(model, torch.nn.Module):
+    """sha256 over the draft's kind and settings (a Drafter's cost key), its model's config and every parameter's
+    shape and sum (a model-free drafter: its settings alone)."""
+    is_drafter = isinstance(draft, Drafter)
+    model = draft.model if is_drafter else unwrap(draft, None)[0]
+    digest = hashlib.sha256((draft.cost_key if is_drafter else type(draft).__name__).encode())
+    if model is not None:
         digest.update(model.config.to_json_string(use_diff=False).encode())
         with torch.no_grad():
             for name, parameter in model.named_parameters():
                 digest.update(f"{name}{tuple(parameter.shape)}{float(parameter.double().sum()):.17g}".encode())
-    else:
-        digest.update(repr(sorted(vars(draft).items())).encode())
     return digest.hexdigest()[:16]
 
 
@@ -147,7 +148,6 @@ def _cell(target_model, entry: Contender, k, prompt: Prompt, ids: list[int], con
     assisted = (time_median(_hf(target_model, entry.hf_assistant, ids, k, config), config.repeats)
                 if entry.hf_assistant is not None else None)
     stats = ours.output.stats
-    rounds = ours.output.rounds
     greedy = config.temperature == 0
     return {
         "target": config.target, "draft": entry.name, "draft_weights": entry.weights, "k": str(k),
@@ -164,10 +164,7 @@ def _cell(target_model, entry: Contender, k, prompt: Prompt, ids: list[int], con
         "hf_plain_s": _field(plain, "seconds"), "hf_plain_tok_s": _field(plain, "tokens_per_s"),
         "speedup_vs_target_alone": ratio(ours.tokens_per_s, alone.tokens_per_s),
         "speedup_vs_hf_assisted": ratio(ours.tokens_per_s, assisted.tokens_per_s) if assisted else None,
-        "rounds": stats.rounds, "draft_tokens": stats.draft_tokens, "accepted_tokens": stats.accepted_tokens,
-        "rejections": stats.rejections, "round_draft_forwards": sum(r.draft_forwards for r in rounds),
-        "prefill_time_s": stats.prefill_time_s, "draft_time_s": stats.draft_time_s,
-        "target_time_s": stats.target_time_s, "engine_wall_s": stats.wall_time_s,
+        **count_fields(stats.counts), "engine_wall_s": stats.wall_time_s,
         **metric_fields(stats),
         "calibrated_c": entry.costs.draft_cost if entry.costs else None,
         "verify_curve": entry.costs.target.verify if entry.costs else None,
@@ -179,12 +176,25 @@ def _cell(target_model, entry: Contender, k, prompt: Prompt, ids: list[int], con
     }
 
 
+ROW_NAMES = {"emitted_tokens": "new_tokens", "wall_time_s": "ours_s"}  # counts a row holds under its own names
+
+
+def count_fields(counts: Counts) -> dict:
+    """A bench row's counters: `specdec.core.trace.Counts` of the first run, except those ROW_NAMES lists
+    (the row's new_tokens, and its median wall time ours_s)."""
+    return {name: value for name, value in asdict(counts).items() if name not in ROW_NAMES}
+
+
+def row_counts(row: dict) -> Counts:
+    """The Counts of a bench row (what `specdec.lab.bench.summary` pools)."""
+    return Counts(**{f.name: row[ROW_NAMES.get(f.name, f.name)] for f in fields(Counts)})
+
+
 def metric_fields(stats) -> dict:
-    """A bench row's metric fields: `specdec.core.trace.DecodeStats` values under the row's names."""
-    return {"acceptance_rate": stats.acceptance_rate, "mean_accepted_length": stats.mean_accepted_length,
-            "cost_ratio": stats.cost_ratio, "theoretical_speedup": stats.theoretical_speedup,
-            "cost_aware_bound": stats.expected_walltime_speedup,
-            "verify_cost": stats.verify_cost, "predicted_speedup": stats.predicted_speedup}
+    """A bench row's metric fields: `specdec.core.trace.DecodeStats` values under the same names."""
+    return {name: getattr(stats, name) for name in ("acceptance_rate", "mean_accepted_length", "cost_ratio",
+                                                     "theoretical_speedup", "leviathan_bound", "verify_cost",
+                                                     "predicted_speedup")}
 
 
 def _divergence(ours: Timed, alone: Timed, config: BenchConfig) -> dict | None:

@@ -1,42 +1,36 @@
 """What a benchmark run shows: rows pooled per (draft, k, category), the Markdown report, k advice,
 performance targets and greedy divergences.
 
-Pooling sums counters and times over rows before dividing (never a mean of per-row rates); the
-metric definitions are those of `specdec.core.trace`, the bounds those of `specdec.core.theory`.
+Pooling adds the rows' `specdec.core.trace.Counts` (never a mean of per-row rates) and computes the metrics
+from them with `specdec.core.trace.Rates.of`, the engine's own code: a group's α̂, c, bounds and prediction
+are those the engine reports for the same rounds pooled (`specdec.core.trace.pooled_stats`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
-from specdec.core import theory
 from specdec.core.costmodel import CostModel, TargetCosts
-from specdec.core.trace import ratio
+from specdec.core.trace import Counts, Rates, ratio
 from specdec.costs.advisor import advise
+from specdec.lab.bench.run import row_counts
 
 
-@dataclass
-class Summary:
-    """Pooled metrics of a group of rows (one draft, one k, one category or all)."""
+@dataclass(kw_only=True)
+class Summary(Rates):
+    """Pooled metrics of a group of rows (one draft, one k, one category or all): the Rates of the summed
+    Counts (tokens_per_s: summed new tokens / summed median wall time of ours), and the bench's comparisons."""
 
     draft: str  # contender name
-    k: str  # draft length ("auto" for the adaptive k)
+    k: str  # draft length ("auto" for the adaptive k: the rates then use the mean draft length, rounded)
     category: str  # category, or "all"
     prompts: int  # cells pooled
     mean_drafted: float  # tokens drafted per round (= k for a fixed k, except near the length limit)
-    acceptance_rate: float  # pooled alpha-hat = sum accepted / sum (accepted + rejections)
-    mean_accepted_length: float  # 1 + sum accepted / sum rounds
-    cost_ratio: float  # pooled c = (draft time / draft forwards) / (target time / rounds)
-    theoretical_speedup: float  # (1 - a^(k+1)) / (1 - a) at the pooled alpha-hat (k: mean drafted per round if auto)
-    cost_aware_bound: float  # Leviathan's bound (1 - a^(k+1)) / ((1 - a)(k c + 1)): verification = 1 step
-    verify_cost: float  # mean v(n+1) of the rounds: a verification forward in target steps (calibrated)
-    predicted_speedup: float  # sum new tokens / sum of the rounds' predicted target steps (specdec.core.trace)
     measured_vs_predicted: float  # speedup_vs_target_alone / predicted_speedup (1 = the cost model is exact)
-    ours_tok_s: float  # sum new tokens / sum wall time
     target_alone_tok_s: float
     hf_assisted_tok_s: float | None  # None when the draft has no HF column
     hf_plain_tok_s: float | None
-    speedup_vs_target_alone: float  # ours_tok_s / target_alone_tok_s
-    speedup_vs_hf_assisted: float | None  # ours_tok_s / hf_assisted_tok_s
+    speedup_vs_target_alone: float  # tokens_per_s / target_alone_tok_s
+    speedup_vs_hf_assisted: float | None  # tokens_per_s / hf_assisted_tok_s
     identical: str  # greedy: "n/m" cells where ours == target alone; "-" when sampling
     hf_identical: str  # greedy: "n/m" cells where HF assisted == target alone
     draft_share: float  # share of our wall time in draft forwards
@@ -61,37 +55,35 @@ def _sort_key(key: tuple) -> tuple:
     return draft, category == "all", category, (0, int(k)) if k.isdigit() else (1, 0)
 
 
+def pooled_rates(rows: list[dict], k: str) -> Rates:
+    """The Rates of the rows' summed Counts at k (a digit string; otherwise the mean draft length, rounded, as
+    the engine reports a k="auto" run), the prediction priced at the rows' calibrated c when they have one."""
+    counts = sum((row_counts(r) for r in rows), Counts())
+    k_rates = int(k) if k.isdigit() else round(ratio(counts.draft_tokens, counts.rounds))
+    return Rates.of(counts, k_rates, rows[0]["calibrated_c"])
+
+
 def _pool(key: tuple, rows: list[dict]) -> Summary:
     draft, k, category = key
     total = lambda name: sum(r[name] for r in rows)  # noqa: E731
-    accepted, rounds = total("accepted_tokens"), total("rounds")
-    alpha = ratio(accepted, accepted + total("rejections"))
-    c = ratio(ratio(total("draft_time_s"), total("round_draft_forwards")), ratio(total("target_time_s"), rounds))
-    k_eff = int(k) if k.isdigit() else max(1, round(ratio(total("draft_tokens"), rounds)))
-    ours_tok_s = ratio(total("new_tokens"), total("ours_s"))
+    rates = pooled_rates(rows, k)
     alone_tok_s = ratio(total("target_alone_tokens"), total("target_alone_s"))
     assisted = _pooled_rate(rows, "hf_assisted_s")
-    predicted = ratio(total("new_tokens"), sum(ratio(r["new_tokens"], r["predicted_speedup"]) for r in rows))
     wall = total("engine_wall_s")
     inside = total("prefill_time_s") + total("draft_time_s") + total("target_time_s")
     return Summary(
-        draft=draft, k=k, category=category, prompts=len(rows), mean_drafted=ratio(total("draft_tokens"), rounds),
-        acceptance_rate=alpha,
-        mean_accepted_length=1.0 + ratio(accepted, rounds), cost_ratio=c,
-        theoretical_speedup=theory.expected_tokens_per_step(alpha, k_eff),
-        cost_aware_bound=theory.walltime_speedup(alpha, k_eff, c),
-        verify_cost=ratio(sum(r["verify_cost"] * r["rounds"] for r in rows), rounds),
-        predicted_speedup=predicted,
-        measured_vs_predicted=ratio(ratio(ours_tok_s, alone_tok_s), predicted),
-        ours_tok_s=ours_tok_s, target_alone_tok_s=alone_tok_s, hf_assisted_tok_s=assisted,
+        **asdict(rates), draft=draft, k=k, category=category, prompts=len(rows),
+        mean_drafted=ratio(total("draft_tokens"), total("rounds")),
+        measured_vs_predicted=ratio(ratio(rates.tokens_per_s, alone_tok_s), rates.predicted_speedup),
+        target_alone_tok_s=alone_tok_s, hf_assisted_tok_s=assisted,
         hf_plain_tok_s=_pooled_rate(rows, "hf_plain_s"),
-        speedup_vs_target_alone=ratio(ours_tok_s, alone_tok_s),
-        speedup_vs_hf_assisted=ratio(ours_tok_s, assisted) if assisted else None,
+        speedup_vs_target_alone=ratio(rates.tokens_per_s, alone_tok_s),
+        speedup_vs_hf_assisted=ratio(rates.tokens_per_s, assisted) if assisted else None,
         identical=_count_true(rows, "ours_equals_target_alone"),
         hf_identical=_count_true(rows, "hf_assisted_equals_target_alone"),
         draft_share=ratio(total("draft_time_s"), wall), target_share=ratio(total("target_time_s"), wall),
         prefill_share=ratio(total("prefill_time_s"), wall), overhead_share=ratio(wall - inside, wall),
-        verify_vs_step=ratio(ratio(total("target_time_s"), rounds), _mean(r["target_step_s"] for r in rows)),
+        verify_vs_step=ratio(ratio(total("target_time_s"), total("rounds")), _mean(r["target_step_s"] for r in rows)),
     )
 
 
@@ -135,11 +127,11 @@ COLUMNS = (  # (header, Summary field, format)
     ("α̂", "acceptance_rate", "{:.3f}"), ("mean acc. len", "mean_accepted_length", "{:.2f}"),
     ("c", "cost_ratio", "{:.3f}"), ("v(k+1)", "verify_cost", "{:.2f}"),
     ("(1-α^(k+1))/(1-α)", "theoretical_speedup", "{:.2f}"),
-    ("Leviathan bound (v=1)", "cost_aware_bound", "{:.2f}"), ("predicted", "predicted_speedup", "{:.2f}x"),
+    ("Leviathan bound (v=1)", "leviathan_bound", "{:.2f}"), ("predicted", "predicted_speedup", "{:.2f}x"),
     ("measured vs target alone", "speedup_vs_target_alone", "{:.2f}x"),
     ("measured / predicted", "measured_vs_predicted", "{:.2f}"),
     ("ours vs HF assisted", "speedup_vs_hf_assisted", "{:.2f}x"),
-    ("ours tok/s", "ours_tok_s", "{:.2f}"), ("target alone tok/s", "target_alone_tok_s", "{:.2f}"),
+    ("ours tok/s", "tokens_per_s", "{:.2f}"), ("target alone tok/s", "target_alone_tok_s", "{:.2f}"),
     ("HF assisted tok/s", "hf_assisted_tok_s", "{:.2f}"), ("HF generate tok/s", "hf_plain_tok_s", "{:.2f}"),
     ("ours = target alone", "identical", "{}"), ("HF assisted = target alone", "hf_identical", "{}"),
 )
@@ -160,7 +152,7 @@ def format_report(rows: list[dict], targets: Targets = Targets()) -> str:
     parts = [f"# Benchmark: target {first['target']}",
              f"dtype {first['dtype']}, max_new_tokens {first['max_new_tokens']}, temperature {first['temperature']}, "
              f"repeats {first['repeats']} (median), {len({r['prompt_id'] for r in rows})} prompts. "
-             "Speedups are ratios of tokens/s measured in this run; metric definitions in specdec/core/trace.py."]
+             "Speedups are ratios of tokens/s measured in this run; metric definitions in docs/metrics.md."]
     for category in _categories(summaries):
         parts += [f"## {category}", _markdown([s for s in summaries if s.category == category], COLUMNS)]
     overall = [s for s in summaries if s.category == "all"]
@@ -168,6 +160,7 @@ def format_report(rows: list[dict], targets: Targets = Targets()) -> str:
               "Shares of our engine's wall time. The last column is the cost of one verification forward "
               "(k+1 tokens) relative to one target-alone step (1 token): the bound assumes it is 1.",
               _markdown(overall, PROFILE_COLUMNS)]
+    parts += ["## Per-position acceptance (all prompts)", POSITIONS_NOTE, _positions_table(overall)]
     parts += ["## k advisor (the k with the best predicted speedup: measured α̂ and c, calibrated v(k+1))",
               _advice_table(rows, summaries)]
     if any(s.k == "auto" for s in overall):
@@ -175,6 +168,24 @@ def format_report(rows: list[dict], targets: Targets = Targets()) -> str:
     parts += ["## Performance targets", _targets_table(summaries, targets, rows)]
     parts += ["## Greedy divergences", _divergences(rows)]
     return "\n\n".join(parts) + "\n"
+
+
+POSITIONS_NOTE = ("Draft position i in both conventions: conditional = rounds that accepted draft i / rounds that "
+                  "reached it (this lab, SGLang); unconditional = rounds that accepted draft i / all rounds (vLLM, "
+                  "llama.cpp).")
+
+
+def _positions_table(overall: list[Summary]) -> str:
+    """One line per (draft, k) and convention: the acceptance at each draft position."""
+    width = max((len(s.per_position_acceptance) for s in overall), default=0)
+    lines = ["| draft | k | convention | " + " | ".join(f"i={i}" for i in range(1, width + 1)) + " |",
+             "|---|---|---|" + "---|" * width]
+    for s in overall:
+        for convention, rates in (("conditional", s.per_position_acceptance),
+                                  ("unconditional", s.per_position_unconditional)):
+            cells = [f"{rate:.3f}" for rate in rates] + ["–"] * (width - len(rates))
+            lines.append(f"| {s.draft} | {s.k} | {convention} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def _categories(summaries: list[Summary]) -> list[str]:
@@ -202,7 +213,7 @@ class AdviceRow:
     cost_ratio: float  # pooled over every fixed k measured (one draft forward / one target step)
     recommended_k: int  # argmax of the predicted speedup, verification priced at the calibrated v(k+1)
     verify_cost: float  # v(recommended_k + 1) in target steps
-    expected_speedup: float  # predicted speedup at recommended_k
+    predicted_speedup: float  # predicted speedup at recommended_k
     leviathan_k: int  # Leviathan's argmax, which assumes verification costs one step
     best_measured_k: str  # the k with the highest measured speedup vs the target alone
     best_measured_speedup: float  # that speedup
@@ -223,12 +234,12 @@ def advice_rows(rows: list[dict], summaries: list[Summary] | None = None) -> lis
                  and category in (r["category"], "all")]
         if not fixed:
             continue
-        pooled = _pool((draft, "pooled", category), fixed)
+        pooled = pooled_rates(fixed, "pooled")
         advice = advise(pooled.acceptance_rate, pooled.cost_ratio, costs=row_costs(fixed[0]))
         best = max((s for s in summaries if s.draft == draft and s.category == category),
                    key=lambda s: s.speedup_vs_target_alone)
         result.append(AdviceRow(draft, category, pooled.acceptance_rate, pooled.cost_ratio, advice.k,
-                                advice.verify_cost, advice.expected_speedup, advice.leviathan_k, best.k,
+                                advice.verify_cost, advice.predicted_speedup, advice.leviathan_k, best.k,
                                 best.speedup_vs_target_alone, advice.verdict))
     return result
 
@@ -243,7 +254,8 @@ def row_costs(row: dict) -> CostModel | None:
 ADVICE_COLUMNS = (
     ("draft", "draft", "{}"), ("category", "category", "{}"), ("α̂", "acceptance_rate", "{:.3f}"),
     ("c", "cost_ratio", "{:.3f}"), ("advised k", "recommended_k", "{}"), ("v(k+1)", "verify_cost", "{:.2f}"),
-    ("predicted speedup", "expected_speedup", "{:.2f}x"), ("Leviathan's k (v=1)", "leviathan_k", "{}"), ("best measured k", "best_measured_k", "{}"),
+    ("predicted speedup", "predicted_speedup", "{:.2f}x"), ("Leviathan's k (v=1)", "leviathan_k", "{}"),
+    ("best measured k", "best_measured_k", "{}"),
     ("its measured speedup", "best_measured_speedup", "{:.2f}x"), ("advice", "verdict", "{}"),
 )
 
