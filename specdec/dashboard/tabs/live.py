@@ -30,7 +30,7 @@ from specdec.dashboard.panels import round_table, stats_html
 from specdec.dashboard.runs import AUTO, DecodeRequest, RunControl, partial_result, stream
 from specdec.dashboard.tabs import step
 
-CLASSROOM = {  # a run quick enough to watch live on a laptop CPU, chosen by measurement (README, "Start here"):
+CLASSROOM = {  # a run quick enough to watch live on a laptop CPU, chosen by measurement (docs/performance.md):
     # on a shared 2-core CPU (contended) 32 tokens took 8.8 s, 3.6 tokens/s vs 1.2 for the target alone (2.9x),
     # where the 0.5B model draft on the code preset ran at 0.45 tokens/s vs 0.52 (0.88x, 70 s)
     "target": "qwen2.5-coder-1.5b-instruct",
