@@ -122,7 +122,7 @@ def build(config: AppConfig, hub: ModelHub, model_box) -> LiveTab:
                 export_json = gr.DownloadButton("download the run (JSON)", elem_id="export-json")
                 export_csv = gr.DownloadButton("download the round table (CSV)", elem_id="export-csv")
         settings = Settings(target, draft, bridge, prompt, k, max_new, sampling, temperature, top_p, seed)
-        step.build(config, hub, settings)
+        step.build(hub, settings)
 
     private(preset.change, preset_prompt, preset, prompt)
     private(classroom_button.click, partial(classroom, config.max_new_tokens_cap), None,

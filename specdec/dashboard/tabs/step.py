@@ -20,7 +20,6 @@ from specdec.lab import plots as figures
 from specdec.lab.position import PositionView, position_view
 
 from specdec.dashboard.chips import chips_html, token_label
-from specdec.dashboard.config import AppConfig
 from specdec.dashboard.events import DECODE, private
 from specdec.dashboard.handlers import run_speculative, user_errors
 from specdec.dashboard.hub import ModelHub
@@ -40,7 +39,7 @@ INTRO = ("Uses the pair, prompt and settings above. **Next round** runs exactly 
          "they compare and what is kept.")
 
 
-def build(config: AppConfig, hub: ModelHub, settings) -> None:
+def build(hub: ModelHub, settings) -> None:
     """The section's components and events, decoding with the live tab's `settings` (a `live.Settings`)."""
     session = gr.State(StepSession)  # per browser session: the paused step-through decode
     with gr.Accordion("Step through: one round at a time, one position up close", open=True):
