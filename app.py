@@ -1,9 +1,7 @@
-"""specdec dashboard: `python app.py` (also the Hugging Face Space entry point, see README front matter).
+"""specdec dashboard: `python app.py` (also the Hugging Face Space entry point, see the README's front matter).
 
-Configuration by environment variables (SPECDEC_HOST, SPECDEC_PORT, or Gradio's GRADIO_SERVER_NAME and
-GRADIO_SERVER_PORT; SPECDEC_ALLOWED_MODELS,
-SPECDEC_ALLOW_CUSTOM_MODELS, SPECDEC_MAX_NEW_TOKENS, SPECDEC_CONCURRENCY, SPECDEC_DTYPE,
-SPECDEC_TARGET, SPECDEC_DRAFT): see specdec/dashboard/config.py.
+Configured by environment variables (SPECDEC_HOST, SPECDEC_PORT, SPECDEC_ALLOWED_MODELS, SPECDEC_TIME_LIMIT_S, ...):
+every one, with its default, is in docs/hosting.md; specdec/dashboard/config.py reads them.
 """
 from specdec.dashboard.config import AppConfig
 from specdec.dashboard.layout import build_demo, launch_options

@@ -107,7 +107,7 @@ assert result.token_ids == alone.token_ids
 print("\\nsame tokens as the target alone:", result.token_ids == alone.token_ids)"""),
     new_markdown_cell("""\
 Mean accepted length counts the target's own token (1 + accepted / rounds); "accepted draft tokens per
-round" (0..k) does not. Every metric is defined once in `specdec/core/trace.py` (and README's metrics table).
+round" (0..k) does not. Every metric is defined once from a run's counts in `specdec/core/trace.py` (the table: docs/metrics.md).
 
 **Next:** [02 — why rejection sampling is lossless](02_lossless_rejection_sampling.ipynb)"""),
 ]

@@ -11,9 +11,10 @@ import pytest
 
 from specdec import autoregressive_generate, speculative_generate
 from specdec.cli import main
-from specdec.dashboard import handlers, jobs
+from specdec.dashboard import jobs
 from specdec.dashboard.config import AppConfig
 from specdec.dashboard.hub import ModelHub
+from specdec.dashboard.tabs import compare
 from specdec.drafters import Vocabulary, from_spec
 from specdec.models import ModelPool, aligned, load_draft, load_model
 from specdec.training import service
@@ -107,7 +108,7 @@ def test_compare_defaults_pick_the_aligned_draft_when_there_is_one(paths):
     aligned.register(paths["unaligned"], card(paths, created="2000-01-01T00:00:00Z"))
     source = aligned.model_id(paths["unaligned"])
     assert hub.compare_defaults() == [(paths["draft"], "as is"), (source, "naive ids"), ("aligned:tiny-code", "as is")]
-    assert [u["value"] for u in handlers.compare_columns(hub, paths["target"])][4] == "aligned:tiny-code"
+    assert [u["value"] for u in compare.compare_columns(hub, paths["target"])][4] == "aligned:tiny-code"
     assert hub.compare_defaults(paths["draft"]) == today  # no aligned draft for that target
     shown = "aligned · " + aligned.label(aligned.find("aligned:tiny-code"))
     assert (shown, "aligned:tiny-code") in hub.choices("draft")
@@ -119,14 +120,14 @@ def test_compare_defaults_pick_the_aligned_draft_when_there_is_one(paths):
 
 def test_prepare_creates_and_lists_an_aligned_draft_and_is_off_when_the_host_says_so(paths):
     hub = make_hub(paths)
-    status, distil = handlers.prepare_aligned(hub, paths["target"], paths["unaligned"], "code", "", progress=Progress())
+    status, distil = compare.prepare_aligned(hub, paths["target"], paths["unaligned"], "code", "", progress=Progress())
     assert "tiny-unaligned-code" in status and distil["value"] == "aligned:tiny-unaligned-code"
     assert [c.spec for c in aligned.list_aligned(paths["target"])] == ["aligned:tiny-unaligned-code"]
     assert "aligned:tiny-unaligned-code" in [value for _, value in hub.choices("draft")]
     with pytest.raises(gr.Error, match="domain must be one of"):
-        handlers.prepare_aligned(hub, paths["target"], paths["unaligned"], "poetry", "", progress=Progress())
+        compare.prepare_aligned(hub, paths["target"], paths["unaligned"], "poetry", "", progress=Progress())
     with pytest.raises(gr.Error, match="SPECDEC_ALLOW_TRAINING"):
-        handlers.prepare_aligned(make_hub(paths, allow_training=False), paths["target"], paths["unaligned"], "code",
+        compare.prepare_aligned(make_hub(paths, allow_training=False), paths["target"], paths["unaligned"], "code",
                                  "", progress=Progress())
     assert not AppConfig.from_env({"SPACE_ID": "x/y"}).allow_training and AppConfig.from_env({}).allow_training
 
@@ -135,19 +136,19 @@ def test_background_distillation_reports_progress_to_a_fresh_page_and_registers_
     reached, release = threading.Event(), threading.Event()
     monkeypatch.setattr(service, "distil", _short(service.distil, reached, release))
     hub = make_hub(paths)
-    handlers.prepare_aligned(hub, paths["target"], paths["unaligned"], "code", "job", progress=Progress())
-    assert "background" in handlers.start_distill(hub, "aligned:job", 3, progress=Progress())
+    compare.prepare_aligned(hub, paths["target"], paths["unaligned"], "code", "job", progress=Progress())
+    assert "background" in compare.start_distill(hub, "aligned:job", 3, progress=Progress())
     assert reached.wait(300)  # the job is paused after its second step
-    assert "job**: distilling, step 2 of 3" in handlers.training_status(hub, None, 3)[0]  # a reloaded page
+    assert "job**: distilling, step 2 of 3" in compare.training_status(hub, None, 3)[0]  # a reloaded page
     with pytest.raises(gr.Error, match="already being distilled"):
-        handlers.start_distill(hub, "aligned:job", 3, progress=Progress())
+        compare.start_distill(hub, "aligned:job", 3, progress=Progress())
     release.set()
     deadline = time.monotonic() + 300
     while jobs.get("job").state == jobs.RUNNING and time.monotonic() < deadline:
         time.sleep(0.2)
     job = jobs.get("job")
     assert (job.state, job.done, job.steps) == (jobs.FINISHED, 3, 3), job.result
-    page, known, *dropdowns = handlers.training_status(hub, None, 3)  # a reloaded page asks the registry
+    page, known, *dropdowns = compare.training_status(hub, None, 3)  # a reloaded page asks the registry
     assert "job**: distilled (3 steps)" in page and "aligned:job-distilled" in known
     assert "aligned:job-distilled" in [value for _, value in dropdowns[0]["choices"]]
     distilled = aligned.find("aligned:job-distilled")

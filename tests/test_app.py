@@ -14,6 +14,7 @@ from specdec.dashboard.config import AppConfig
 from specdec.dashboard.hub import ModelHub
 from specdec.dashboard.panels import definitions, stats_html
 from specdec.dashboard.runs import DecodeRequest, RunControl
+from specdec.dashboard.tabs import compare, live, theory as theory_tab
 from specdec.lab import plots as figures
 from specdec.lab.report import STAT_LINES
 from specdec.models import ModelPool, load_model
@@ -27,7 +28,7 @@ def decode(hub, paths, control=None, **overrides):
     inputs = dict(target=paths["target"], draft=paths["draft"], bridge="auto", prompt=PROMPT, k=3,
                   max_new_tokens=24, sampling=False, temperature=0.8, top_p=1.0, seed=0, measure_baseline=True)
     inputs.update(overrides)
-    return list(handlers.live_decode(hub, *inputs.values(), control or RunControl(), progress=Progress()))
+    return list(live.live_decode(hub, *inputs.values(), control or RunControl(), progress=Progress()))
 
 
 def test_config_honours_gradio_host_and_port_and_ours_win():
@@ -113,11 +114,11 @@ def test_live_decode_streams_rounds_and_greedy_equals_target_alone(hub, paths):
 
 def test_stop_ends_the_run_after_the_current_round_and_only_for_its_session(hub, paths):
     mine, other = RunControl(), RunControl()
-    updates = handlers.live_decode(hub, paths["target"], paths["draft"], "auto", PROMPT, 1, 64, False, 0.8, 1.0, 0,
+    updates = live.live_decode(hub, paths["target"], paths["draft"], "auto", PROMPT, 1, 64, False, 0.8, 1.0, 0,
                                    True, mine, progress=Progress())
     other.start()
     first = next(updates)
-    handlers.stop(mine)
+    live.stop(mine)
     views = [first, *updates]
     assert views[-1].status.startswith("stopped by you")
     assert len(views[-1].table) < 64  # k=1: at most 2 tokens a round, so 64 tokens need >= 32 rounds
@@ -136,7 +137,7 @@ def test_bad_input_is_a_visible_gr_error(hub, paths):
 
 
 def test_compare_runs_each_draft_and_reports_the_one_that_cannot(hub, paths):
-    *_, (aligned, naive, as_is, table, chart, status) = handlers.compare(
+    *_, (aligned, naive, as_is, table, chart, status) = compare.compare(
         hub, paths["target"], PROMPT, 3, 12, paths["draft"], "as is", paths["unaligned"], "naive ids",
         paths["unaligned"], "as is", progress=Progress())
     assert "chip-" in aligned and "chip-" in naive
@@ -148,7 +149,7 @@ def test_compare_runs_each_draft_and_reports_the_one_that_cannot(hub, paths):
 
 
 def test_k_sweep_measures_each_k_and_pools_alpha(hub, paths):
-    updates = list(handlers.k_sweep(hub, paths["target"], paths["draft"], "auto", PROMPT, 12, 3, progress=Progress()))
+    updates = list(theory_tab.k_sweep(hub, paths["target"], paths["draft"], "auto", PROMPT, 12, 3, progress=Progress()))
     figure, alpha, c, slope, table, sweep, status = updates[-1]
     assert [k for k, _ in sweep["points"]] == [1, 2, 3] and status == "done"
     assert list(table["k"]) == [1, 2, 3] and sweep["verify"][0] == 1.0

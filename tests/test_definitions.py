@@ -11,7 +11,7 @@ import pytest
 import specdec.core.trace
 from specdec.core.metrics import METRICS, metrics_table
 from specdec.core.trace import Rates
-from specdec.dashboard import handlers, teach
+from specdec.dashboard.tabs import live
 from specdec.dashboard.panels import definitions
 from specdec.dashboard.runs import RunControl
 from specdec.lab.bench.run import metric_fields
@@ -26,9 +26,9 @@ COMPARED = ("acceptance_rate", "mean_accepted_length", "cost_ratio", "verify_cos
 def run(paths, hub):
     """One tiny live run through the app: its final view and the engine's result behind it."""
     control = RunControl()
-    views = list(handlers.live_decode(hub, paths["target"], paths["draft"], "auto", "def price(option, curve):", 3,
+    views = list(live.live_decode(hub, paths["target"], paths["draft"], "auto", "def price(option, curve):", 3,
                                       24, False, 0.8, 1.0, 0, False, control, progress=Progress()))
-    return views[-1], teach._LAST[control].result
+    return views[-1], live._LAST[control].result
 
 
 def cards(stats_html: str) -> dict[str, str]:
@@ -71,7 +71,7 @@ def test_every_rate_has_one_definition_and_every_definition_a_value():
 
 
 def test_the_theory_text_prices_c_per_step_and_does_not_call_k1_optimal():
-    from specdec.dashboard.layout import THEORY_MD
+    from specdec.dashboard.tabs.theory import THEORY_MD
 
     assert "one target step" in THEORY_MD and "k = 1 already wins" not in THEORY_MD
     assert "one target step" in specdec.core.trace.__doc__

@@ -145,3 +145,11 @@ def test_distillation_raises_held_out_acceptance():
     assert steps == list(range(1, 151)) and report.losses[-1]["loss"] < report.losses[0]["loss"]
     assert after["acceptance_rate"] > before["acceptance_rate"] + 0.3
     assert after["mean_accepted_length"] > before["mean_accepted_length"] + 0.5
+
+
+def test_the_distill_command_defaults_are_the_config_defaults():
+    from specdec.cli import build_parser
+    from specdec.cli.distill import config_from
+
+    args = build_parser().parse_args(["distill", "--target", "t", "--draft", "d", "--out", "o"])
+    assert config_from(args) == DistillConfig()  # one default per setting (batch size 4, not 2 in the command)

@@ -12,6 +12,7 @@ from specdec.dashboard import handlers
 from specdec.dashboard.config import AppConfig
 from specdec.dashboard.hub import ModelHub
 from specdec.dashboard.runs import DecodeRequest, RunControl, SEED_MAX, StopToken, stream
+from specdec.dashboard.tabs import compare
 from specdec.models import ModelPool
 from tiny_models import write_tiny_models
 
@@ -121,6 +122,6 @@ def test_the_api_handler_stops_at_the_time_limit(tiny):
 
 def test_the_compare_error_panel_escapes_names_and_messages(tiny):
     hub, paths = tiny
-    *_, (panel, _table, _chart, _status) = handlers.compare(hub, paths["target"], "hello", 2, 4,
+    *_, (panel, _table, _chart, _status) = compare.compare(hub, paths["target"], "hello", 2, 4,
                                                             "<img src=x onerror=alert(1)>", "as is")
     assert "<img" not in panel and "&lt;img" in panel

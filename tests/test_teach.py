@@ -12,8 +12,9 @@ import torch
 from specdec import autoregressive_generate, speculative_generate
 from specdec.core import theory
 from specdec.costs.waterfall import cost_waterfall, theory_steps
-from specdec.dashboard import teach
+from specdec.dashboard import handlers, teach
 from specdec.dashboard.chips import chips_html, token_label
+from specdec.dashboard.tabs import live, step, theory as theory_tab
 from specdec.lab.position import position_view
 from specdec.models import load_model
 from specdec.testing import perturbed_copy, tiny_model
@@ -23,8 +24,8 @@ PROMPT = "def price(option, curve):"
 
 
 def start(hub, paths, sampling=False, k=3, max_new_tokens=24):
-    session = teach.StepSession()
-    first = teach.step_start(hub, paths["target"], paths["draft"], "auto", PROMPT, k, max_new_tokens, sampling, 1.0,
+    session = step.StepSession()
+    first = step.step_start(hub, paths["target"], paths["draft"], "auto", PROMPT, k, max_new_tokens, sampling, 1.0,
                              1.0, 0, session, progress=Progress())
     return session, first
 
@@ -38,7 +39,7 @@ def engine_result(paths, sampling=False, k=3, max_new_tokens=24):
 @pytest.mark.parametrize("sampling", [False, True], ids=["greedy", "sampling"])
 def test_step_through_runs_the_engines_rounds_one_at_a_time(hub, paths, sampling):
     session, first = start(hub, paths, sampling)
-    views = [first] + [teach.step_next(session) for _ in range(2)]
+    views = [first] + [step.step_next(session) for _ in range(2)]
     reference = engine_result(paths, sampling)
     for index, (panel, chips, status, round_number) in enumerate(views, start=1):
         r = reference.rounds[index - 1]
@@ -54,23 +55,23 @@ def test_step_through_runs_the_engines_rounds_one_at_a_time(hub, paths, sampling
         assert chips.count("round-sep") == index
     assert [r.emitted_token_ids for r in session.stepper.rounds] == [r.emitted_token_ids for r in reference.rounds[:3]]
     while session.stepper.result is None:  # run to the end: the same tokens as one engine call
-        teach.step_next(session)
+        step.step_next(session)
     assert session.stepper.result.token_ids == reference.token_ids
-    assert "finished" in teach.step_next(session)[2]
+    assert "finished" in step.step_next(session)[2]
 
 
 def test_step_next_before_start_says_what_to_do():
-    assert "Start step-through" in teach.step_next(teach.StepSession())[2]
+    assert "Start step-through" in step.step_next(step.StepSession())[2]
 
 
 def test_one_position_recomputes_the_engines_probabilities_and_draws_the_rule(hub, paths):
     session, _ = start(hub, paths, sampling=True)
     for _ in range(3):
-        teach.step_next(session)
+        step.step_next(session)
     checked = 0
     for index, r in enumerate(session.stepper.rounds, start=1):
         for position in range(1, len(r.draft_token_ids) + 2):
-            figure, text = teach.show_position(session, index, position)
+            figure, text = step.show_position(session, index, position)
             assert f"Round {index}, position {position}" in text
             if position > len(r.draft_token_ids):
                 continue
@@ -83,7 +84,7 @@ def test_one_position_recomputes_the_engines_probabilities_and_draws_the_rule(hu
                 assert "residual" in text and any(t.name.startswith("residual") for t in figure.data)
     assert checked >= 3
     with pytest.raises(gr.Error, match="position must be in"):
-        teach.show_position(session, 1, 99)
+        step.show_position(session, 1, 99)
 
 
 def test_position_view_matches_the_round_and_greedy_uses_the_argmax():
@@ -118,16 +119,16 @@ def test_waterfall_walks_from_eq1_through_the_bound_to_the_measurement():
     assert steps[-1].value == pytest.approx(s.tokens_per_s / baseline.stats.tokens_per_s)
     assert len(steps) == 6 and "measured" in steps[-1].label
     assert len(cost_waterfall(result)) == 4  # without a baseline: up to the rounds as they ran
-    figure = teach.waterfall_figure(steps)
+    figure = handlers.waterfall_figure(steps)
     assert figure.data[0].type == "waterfall" and list(figure.data[0].measure)[-1] == "absolute"
     assert [x.value for x in theory_steps(0.8, 5, 0.0, 1.0)][:2] == pytest.approx([3.69, 3.69], abs=0.01)
-    assert teach.theory_waterfall(0.7, 0.3, 0.1, 4).data[0].type == "waterfall"
+    assert theory_tab.theory_waterfall(0.7, 0.3, 0.1, 4).data[0].type == "waterfall"
 
 
 def test_export_writes_the_apis_json_and_the_round_table_csv(tmp_path):
     target = tiny_model("llama", seed=0)
     result = speculative_generate(target, perturbed_copy(target, 0.3), [5, 6, 7, 8], k=3, max_new_tokens=12)
-    json_path, csv_path = teach.export_files(result, None, tmp_path)
+    json_path, csv_path = live.export_files(result, None, tmp_path)
     assert json.loads(open(json_path, encoding="utf-8").read()) == json.loads(json.dumps(result.to_dict()))
     rows = list(csv.DictReader(open(csv_path, encoding="utf-8")))
     assert len(rows) == len(result.rounds) and rows[0]["round"] == "1"
@@ -135,16 +136,15 @@ def test_export_writes_the_apis_json_and_the_round_table_csv(tmp_path):
 
 
 def test_after_live_gives_waterfall_and_downloads_for_the_sessions_last_run(hub, paths):
-    from specdec.dashboard import handlers
     from specdec.dashboard.runs import RunControl
 
     control = RunControl()
-    assert teach.after_live(control) == (gr.skip(), gr.skip(), gr.skip())
-    list(handlers.live_decode(hub, paths["target"], paths["draft"], "auto", PROMPT, 3, 16, False, 0.8, 1.0, 0, True,
+    assert live.after_live(control) == (gr.skip(), gr.skip(), gr.skip())
+    list(live.live_decode(hub, paths["target"], paths["draft"], "auto", PROMPT, 3, 16, False, 0.8, 1.0, 0, True,
                               control, progress=Progress()))
-    run = teach._LAST[control]
+    run = live._LAST[control]
     assert len(run.baseline.token_ids) == len(run.result.token_ids)  # the baseline ran to the same length
-    figure, json_path, csv_path = teach.after_live(control)
+    figure, json_path, csv_path = live.after_live(control)
     assert figure.data[0].type == "waterfall" and len(figure.data[0].x) == 6
     assert json.loads(open(json_path, encoding="utf-8").read())["stats"]["rounds"] > 0
 
@@ -165,7 +165,7 @@ def test_classroom_preset_and_default_prompt():
     from specdec.dashboard.config import PROMPTS
     from specdec.models.entries import default_name
 
-    target, draft, preset, prompt, k, new = teach.classroom(24)
+    target, draft, preset, prompt, k, new = live.classroom(24)
     assert prompt == PROMPTS[preset] and new == 24 and (k == "auto" or 1 <= k <= 10)
     assert draft in ("lookup", default_name("draft")) and target == default_name("target")
     assert next(iter(PROMPTS)) == "Python code" and PROMPTS["Chinese chat: 今天天气"] == "今天天气"

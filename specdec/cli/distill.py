@@ -48,7 +48,8 @@ def add_distill_arguments(p) -> None:
     p.add_argument("--eval-limit", type=int, default=4, help="held-out prompts evaluated (first N)")
     p.add_argument("--steps", type=int, default=defaults.steps, help="optimizer steps (default %(default)s)")
     p.add_argument("--lr", type=float, default=defaults.lr, help="AdamW learning rate, constant (default %(default)s)")
-    p.add_argument("--batch-size", type=int, default=2, help="sequences per micro-batch (default %(default)s)")
+    p.add_argument("--batch-size", type=int, default=defaults.batch_size,
+                   help="sequences per micro-batch (default %(default)s)")
     p.add_argument("--grad-accum", type=int, default=defaults.grad_accum)
     p.add_argument("--temperature", type=float, default=defaults.temperature, help="soft-label temperature T")
     p.add_argument("--alpha", type=float, default=defaults.alpha, help="weight of the divergence term")

@@ -33,6 +33,7 @@ SUMMARY_PROMPT = (  # a summary repeats the text's phrases: what prompt lookup d
     "station. The council said the project will cost 12 million euros and will be paid for by the regional "
     "transport fund.\n\nSummarise the text above in two sentences.\nSummary: The city council voted on Tuesday to")
 K_RANGE = (1, K_UI_MAX)  # draft tokens per round offered by the dashboard (specdec.core.limits)
+K_CHOICES = ["auto", *range(K_RANGE[0], K_RANGE[1] + 1)]  # the k dropdowns' options
 MODEL_DRAFTERS = ("lookup", "self:4", "self:8", "self:14")  # need no second model: prompt lookup, first L target layers
 DTYPES = ("auto", "float32", "bfloat16", "int8")
 

@@ -1,4 +1,5 @@
-"""Load-time speed levers that keep logits unchanged up to float rounding (see README "## Models").
+"""Load-time speed levers that keep logits unchanged up to float rounding (measured in docs/performance.md, "Why a
+2-token float32 forward costs about twice a 1-token one").
 
 Why a verification forward of k+1 tokens cost several single-token steps in float32 on this CPU:
 every fp32 Linear did. One row runs a matrix-vector product that streams each weight once; 2-16 rows

@@ -1,0 +1,221 @@
+"""The Aligned vs unaligned tab: the same target and prompt with up to three drafts side by side (a draft of
+another tokenizer naive, through the text bridge, or aligned), and preparing an aligned draft: vocabulary
+transplant, then distillation in a background job."""
+from __future__ import annotations
+
+import html
+from functools import partial
+from pathlib import Path
+from typing import NamedTuple
+
+import gradio as gr
+import pandas as pd
+
+from specdec.core.suites import available_suites
+from specdec.core.trace import GenerationResult, measured_speedup
+from specdec.lab import plots as figures
+from specdec.lab.report import STAT_LINES
+from specdec.models import aligned
+from specdec.training import service
+
+from specdec.dashboard import jobs
+from specdec.dashboard.chips import chips_html
+from specdec.dashboard.config import AppConfig, K_CHOICES, PROMPTS
+from specdec.dashboard.events import DECODE, on_gpu, private
+from specdec.dashboard.handlers import NO_DRAFT, run_baseline, run_speculative, user_errors
+from specdec.dashboard.hub import VOCABULARIES, ModelHub, stages
+from specdec.dashboard.runs import DecodeRequest, StopToken
+
+CSS = ".compare-error { color: #8a1c12; }\n"
+INTRO = ("Same target, same prompt, up to three drafts. A draft with another tokenizer runs **naive** (its ids read "
+         "as the target's ids, so acceptance collapses: the draft proposes tokens the target never meant) or through "
+         "the **text bridge** (draft text re-tokenized for the target); an **aligned** draft was moved onto the "
+         "target's tokenizer (vocabulary transplant, then distillation; prepare one at the bottom of this tab).")
+PREPARE_MD = """A draft of another family speaks other token ids. **Prepare** gives it the target's tokenizer: the
+embedding rows are copied by token string, and a token it lacks starts as the mean of its pieces (vocabulary
+transfer, Gee et al. 2022); no training, a few seconds. **Distil it** then trains it on the target's
+continuations of the domain's prompts (DistillSpec, Zhou et al. 2023) in the background, with checkpoints; the
+distilled draft joins the draft lists when done, with its held-out α̂."""
+
+
+class CompareTab(NamedTuple):
+    target: gr.Dropdown  # the compared target
+    drafts: list  # one draft dropdown per column
+    finished: list  # events after which the model lists are read again
+
+
+def build(config: AppConfig, hub: ModelHub, demo: gr.Blocks, model_box, live_draft: gr.Dropdown) -> CompareTab:
+    """The tab's components and events; `live_draft` is the live tab's draft list, which a newly distilled
+    draft joins too."""
+    custom = config.allow_custom_models
+    known = gr.State(list)  # per session: the aligned drafts its dropdowns list
+    with gr.Tab("Aligned vs unaligned", id="compare"):
+        gr.Markdown(INTRO)
+        with gr.Row():
+            target = model_box(hub.choices("target"), value=hub.default("target"), label="target")
+            prompt = gr.Textbox(next(iter(PROMPTS.values())), label="prompt", lines=2, elem_id="compare-prompt")
+            k = gr.Dropdown(K_CHOICES, value="auto", label="k")
+            max_new = gr.Slider(1, config.max_new_tokens_cap, value=min(32, config.max_new_tokens_cap), step=1,
+                                label="max new tokens")
+        columns, panels = [], []  # columns: draft, vocabulary, draft, vocabulary, ...
+        with gr.Row():
+            for column, (name, mode) in enumerate(hub.compare_defaults()):
+                with gr.Column():
+                    columns.append(model_box(hub.choices("draft") + [NO_DRAFT], value=name,
+                                             label=f"draft {column + 1}"))
+                    columns.append(gr.Radio(list(VOCABULARIES), value=mode, label="vocabulary"))
+                    panels.append(gr.HTML(elem_id=f"compare-chips-{column + 1}"))
+        run = gr.Button("Compare", variant="primary", elem_id="compare-run")
+        status = gr.Markdown(elem_id="compare-status")
+        chart = gr.Plot(label="α̂, mean accepted length, measured speedup", elem_id="compare-plot")
+        table = gr.DataFrame(label="metrics per draft", elem_id="compare-table")
+        with gr.Accordion("Prepare an aligned draft: vocabulary transplant, then distillation", open=False,
+                          elem_id="prepare-aligned"):
+            gr.Markdown(PREPARE_MD if config.allow_training else
+                        "Preparing and distilling aligned drafts is off on this host (SPECDEC_ALLOW_TRAINING).")
+            with gr.Row():
+                source = gr.Dropdown(hub.sources(), value=hub.default("unaligned-draft") or None,
+                                     label="draft of another family", allow_custom_value=custom)
+                domain = gr.Dropdown(available_suites(), value="code", label="domain (prompt suite)")
+                name = gr.Textbox(label="name", placeholder="default: draft-domain", elem_id="prepare-name")
+                prepare_run = gr.Button("Prepare (transplant, no training)", elem_id="prepare-run",
+                                        interactive=config.allow_training)
+            with gr.Row():
+                distil_choice = gr.Dropdown(distillable(hub), label="aligned draft to distil", elem_id="distil-choice")
+                distil_steps = gr.Number(min(50, config.max_distill_steps), precision=0, minimum=1,
+                                         maximum=config.max_distill_steps, label="optimizer steps")
+                distil_run = gr.Button("Distil it (in the background)", elem_id="distil-run",
+                                       interactive=config.allow_training)
+            prepare_status = gr.Markdown(elem_id="prepare-status")
+            jobs_status = gr.Markdown(elem_id="distil-jobs")
+            jobs_timer = gr.Timer(2.0, active=config.allow_training)
+
+    drafts = columns[::2]
+    compared = private(run.click, on_gpu(partial(compare, hub), config), [target, prompt, k, max_new, *columns],
+                       [*panels, table, chart, status], concurrency_id=DECODE)
+    defaults = partial(compare_columns, hub)
+    private(demo.load, defaults, target, columns, queue=False)
+    private(target.input, defaults, target, columns, queue=False)
+    prepared = private(prepare_run.click, on_gpu(partial(prepare_aligned, hub), config),
+                       [target, source, domain, name], [prepare_status, distil_choice], concurrency_id=DECODE)
+    private(distil_run.click, partial(start_distill, hub), [distil_choice, distil_steps], prepare_status,
+            concurrency_id=DECODE)
+    watch = partial(training_status, hub, compare_columns=len(drafts))
+    watched = [jobs_status, known, live_draft, *drafts, distil_choice]
+    private(jobs_timer.tick, watch, known, watched, queue=False)
+    private(demo.load, watch, known, watched, queue=False)
+    return CompareTab(target, drafts, [compared, prepared])
+
+
+@user_errors
+def compare(hub: ModelHub, target, prompt, k, max_new_tokens, *drafts_and_bridges,
+            progress=gr.Progress(track_tqdm=True)):
+    """Decode the same prompt with each chosen draft, then the target alone; yield columns as they finish.
+
+    drafts_and_bridges: draft name, bridge mode, draft name, bridge mode, ... (blank names are skipped).
+    Yields ([chips HTML per column], stats table, bar chart, status).
+    """
+    pairs = list(zip(drafts_and_bridges[::2], drafts_and_bridges[1::2]))
+    columns = len(pairs)
+    chosen = [(i, name, bridge) for i, (name, bridge) in enumerate(pairs) if name]
+    if not chosen:
+        raise ValueError("pick at least one draft to compare")
+    request = DecodeRequest.from_inputs(target, chosen[0][1], prompt, k, max_new_tokens).checked(hub.config)
+    target_model = hub.target(request.target, progress=progress)
+    token = StopToken(hub.config.time_limit_s)
+    panels = ["<em>not run</em>"] * columns
+    results: dict[str, GenerationResult] = {}
+    for i, name, bridge in chosen:
+        yield (*panels, None, None, f"decoding with draft {i + 1}: {name} ({bridge})…")
+        try:
+            draft = hub.draft(name, target_model, bridge=bridge)
+            result = run_speculative(target_model, draft, DecodeRequest(**{**request.__dict__, "draft": name}),
+                                     token.running, hub.costs(target_model, draft))
+        except ValueError as error:  # one draft that cannot run says why; the others still run
+            panels[i] = f'<div class="compare-error">⚠ {html.escape(f"{name} ({bridge}): {error}")}</div>'
+            continue
+        results[f"{i + 1}: {Path(name).name} ({bridge})"] = result  # a folder's last part keeps columns narrow
+        panels[i] = chips_html(result.rounds, target_model.tokenizer, request.prompt)
+    if not results:
+        yield (*panels, None, None, "no draft could run: see the messages above")
+        return
+    yield (*panels, None, None, "measuring the target alone…")
+    longest = max(len(r.token_ids) for r in results.values())
+    baseline = run_baseline(target_model, request, longest, token.running)
+    yield (*panels, comparison_table(results, baseline), comparison_chart(results, baseline),
+           f"done: {len(results)} draft(s) and the target alone ({baseline.stats.tokens_per_s:.2f} tokens/s)")
+
+
+def comparison_table(results: dict[str, GenerationResult], baseline: GenerationResult) -> pd.DataFrame:
+    """One row per STAT_LINES metric plus the measured speedup, one column per draft."""
+    rows = [{"metric": label, **{name: fmt.format(getattr(r.stats, field)) for name, r in results.items()}}
+            for field, label, fmt in STAT_LINES]
+    rows.append({"metric": "measured speedup (tokens/s ÷ target alone)",
+                 **{name: f"{measured_speedup(r.stats, baseline.stats):.2f}" for name, r in results.items()}})
+    return pd.DataFrame(rows)
+
+
+def comparison_chart(results: dict[str, GenerationResult], baseline: GenerationResult):
+    metrics = ["α̂", "mean accepted length", "measured speedup"]
+    series = [figures.Series(name, metrics, [r.stats.acceptance_rate, r.stats.mean_accepted_length,
+                                             measured_speedup(r.stats, baseline.stats)], kind="bar")
+              for name, r in results.items()]
+    return figures.figure("aligned vs unaligned drafts", "", "value", series)
+
+
+def compare_columns(hub: ModelHub, target: str) -> list:
+    """The draft and vocabulary values for `target` (`ModelHub.compare_defaults`)."""
+    return [gr.update(value=value) for column in hub.compare_defaults(target or None) for value in column]
+
+
+def distillable(hub: ModelHub) -> list[tuple[str, str]]:
+    """(label, spec) of the aligned drafts not trained yet: what "Distil it" offers."""
+    return [(aligned.label(c), c.spec) for c in hub.aligned_drafts() if c.method == "transplant"]
+
+
+@user_errors
+def prepare_aligned(hub: ModelHub, target, source, domain, name, progress=gr.Progress()):
+    """Transplant `source` onto `target`'s tokenizer (no training) and register it; (status, distil dropdown)."""
+    _training_allowed(hub)
+    if domain not in available_suites():
+        raise ValueError(f"domain must be one of the prompt suites: {', '.join(available_suites())}")
+    name = aligned.check_name((name or "").strip() or aligned.name_for(f"{Path(source or '').name}-{domain}"))
+    target_model = hub.target(target, progress=progress)
+    source_model = hub.model(source, "draft", progress=progress, load_as="train")
+    card = service.transplant(target_model, source_model, name=name, domain=domain, progress=stages(progress))
+    return (f"prepared **{aligned.label(card)}**: pick `{card.spec}` in a draft list, or distil it below",
+            gr.update(choices=distillable(hub), value=card.spec))
+
+
+@user_errors
+def start_distill(hub: ModelHub, spec, steps, progress=gr.Progress()) -> str:
+    """Start distilling the aligned draft `spec` in the background; the job list shows its progress."""
+    _training_allowed(hub)
+    card = aligned.find(spec or "")
+    if card is None:
+        raise ValueError("pick an aligned draft to distil (prepare one first)")
+    cap = hub.config.max_distill_steps
+    steps = int(steps or 0)
+    if not 1 <= steps <= cap:
+        raise ValueError(f"steps must be an integer in 1..{cap} on this host (SPECDEC_MAX_DISTILL_STEPS)")
+    target_model = hub.target(card.target, progress=progress)
+    jobs.start(card.name, steps, lambda on_step: service.distil(target_model, card.name, steps=steps,
+                                                               progress=on_step).spec)
+    return f"distilling {card.name} for {steps} steps in the background: progress below (it survives a reload)"
+
+
+def training_status(hub: ModelHub, known: list[str] | None, compare_columns: int) -> tuple:
+    """The job list, the aligned drafts now registered, and fresh draft lists when those changed (else skips)."""
+    lines = [job.line() for job in jobs.jobs()] or ["no distillation started since the app started"]
+    names = [card.spec for card in hub.aligned_drafts()]
+    if names == (known or []):
+        return ("\n".join(lines), names, *[gr.skip()] * (compare_columns + 2))
+    drafts = hub.choices("draft")
+    return ("\n".join(lines), names, gr.update(choices=drafts),
+            *[gr.update(choices=drafts + [NO_DRAFT]) for _ in range(compare_columns)],
+            gr.update(choices=distillable(hub)))
+
+
+def _training_allowed(hub: ModelHub) -> None:
+    if not hub.config.allow_training:
+        raise ValueError("preparing and distilling aligned drafts is off on this host (SPECDEC_ALLOW_TRAINING=0)")
