@@ -82,18 +82,20 @@ class FormatChoice:
         return "\n".join(lines)
 
 
-def candidates(role: str, device: str = "cpu") -> tuple[str, ...]:
-    """The formats `role` may run in on `device`."""
-    if role not in ROLES:
-        raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
-    allowed = FORMATS if device == "cpu" else tuple(f for f in FORMATS if f not in CPU_ONLY)
-    return allowed if role == "draft" else tuple(f for f in allowed if f != "int8-dynamic")
+DRAFT_ONLY = ("int8-dynamic",)  # formats whose rows are not independent: never a target's
+
+
+def candidates(device: str = "cpu") -> tuple[str, ...]:
+    """The formats a model can run in on `device` (all timed at once; each role then takes its own pick)."""
+    return FORMATS if device == "cpu" else tuple(f for f in FORMATS if f not in CPU_ONLY)
 
 
 def choose_format(config, role: str, *, device: str = "cpu", recalibrate: bool = False,
                   cache_dir: str | Path | None = None, repeats: int = REPEATS) -> FormatChoice:
     """The fastest format for `role` of a model with this transformers `config`, on this machine (see module doc)."""
-    formats = candidates(role, device)
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+    formats = candidates(device)
     key = _key(config, formats, device)
     folder = Path(cache_dir) if cache_dir is not None else cache.root() / "costs"
     stored = None if recalibrate else _read(folder / f"formats-{key}.json")
@@ -104,6 +106,8 @@ def choose_format(config, role: str, *, device: str = "cpu", recalibrate: bool =
 
 
 def _choose(role: str, timings: list[FormatTiming], key: str, measured_now: bool) -> FormatChoice:
+    if role == "target":
+        timings = [t for t in timings if t.format not in DRAFT_ONLY]
     fastest = min(timings, key=lambda t: t.step_s)
     if role == "draft":
         return FormatChoice(role, fastest.format, "the fastest here; a draft's precision never changes the output",
