@@ -305,10 +305,12 @@ def _quantized_layer(name: str, modules: list[torch.nn.Module]) -> Int8Linear:
     return SharedInputInt8(modules) if len(modules) > 1 else Int8Linear.from_module(modules[0])
 
 
-def _int8_layers(model: torch.nn.Module, layer) -> torch.nn.Module:
+def _int8_layers(model: torch.nn.Module, layer, share_inputs: bool = True) -> torch.nn.Module:
     """Replace the Linears and Conv1Ds of `model` by `layer(name, modules)`, the int8 layer registered at `name` for
-    `modules` (a SHARED_INPUTS group, or one module); untie the head; make attention rowwise. Returns `model`."""
-    _share_inputs(model, layer)
+    `modules` (a SHARED_INPUTS group when `share_inputs`, or one module); untie the head; make attention rowwise.
+    Returns `model`."""
+    if share_inputs:
+        _share_inputs(model, layer)
     names = [name for name, module in model.named_modules() if isinstance(module, (torch.nn.Linear, Conv1D))]
     for name in names:  # one at a time, so each float32 weight is freed as soon as its int8 copy exists
         parent_name, _, child = name.rpartition(".")

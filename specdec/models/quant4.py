@@ -1,0 +1,306 @@
+"""A 4-bit CPU path in which every row of a forward is computed bitwise as if it were alone (as quant.py's int8).
+
+Why 4 bits: a one-token step reads every weight once, so its time follows the bytes of weights (1.5B target:
+6.2 GB in float32, 1.55 GB in int8, about 1 GB here). Why row-invariant: greedy speculative decoding is
+lossless only if the verification forward over n tokens gives, row for row, the logits of n one-token steps
+(quant.py's docstring). Here:
+
+- `Int4Linear`: W as 4-bit codes per group of GROUP_SIZE inputs, W = (code - 8) * scale + zero with bf16
+  scale and zero per (group, output), through torch's int4 CPU kernel (`_weight_int4pack_mm_for_cpu`): x is
+  rounded to bf16 element by element, each output is one float32 fused multiply-add chain over the inputs in
+  order (the same whatever the number of rows or threads: tests/test_quant4.py checks it, M = 1..9), rounded
+  to bf16, then float32 (+ bias). Row i depends on x[i] only. The kernel's float32 input path is scalar
+  (30x slower), so bf16 it is (docs/int4.md has the measurements).
+- The LM head stays an `Int8Linear` (quant.py): its logits stay float32 instead of being rounded to bf16,
+  which would tie near-equal logits.
+- `Int4Embedding`: the input embedding as codes, scale and offset per group (row = code * scale - offset),
+  each looked-up row dequantized alone.
+- Attention is quant.py's `rowwise_attention`; norms, rotary, activations and residual adds are row-invariant.
+
+Two ways in: `quantize_int4(model)` quantizes a float32 model (min/max per group), and `int4_from_gguf(path)`
+builds the model from a GGUF one tensor at a time without a float32 copy: a q4_K tensor's codes are taken as
+they are (its sub-blocks of 32 are the groups; only scale and zero are rounded to bf16), other types of
+fewer than INT4_BELOW_BITS bits per weight (q5_0, q4_0, ...) are dequantized and requantized to 4 bits, and
+q6_K, q8_0 and float tensors become Int8Linear. `int4_from_state` rebuilds a stored model
+(`specdec.models.quant_store`) bit for bit.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
+
+import gguf
+import numpy as np
+import torch
+from accelerate import init_empty_weights
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers.modeling_gguf_pytorch_utils import (
+    TENSOR_PROCESSORS, LlamaTensorProcessor, TensorProcessor, get_gguf_hf_weights_map, read_field)
+
+from specdec.models import quant
+from specdec.models.quant import Int8Linear
+
+GROUP_SIZE = 32  # inputs per scale and zero: q4_K's sub-block (the kernel takes 32..256 at one speed here)
+CODE_MAX = 15  # codes 0..15; the kernel reads them as code - 8
+CODE_OFFSET = 8
+OUT_MULTIPLE = 16  # the kernel packs outputs in blocks of 16 (other layers stay int8)
+INNER_K_TILES = 1  # argument of the packing op; the CPU layout does not depend on it
+INT4_BELOW_BITS = 6  # GGUF types of fewer bits per weight become 4-bit; q6_K (6.6), q8_0 (8.5), floats int8
+FORMAT = 1  # layout of an int4 store (specdec.models.quant_store); bump on any change
+ROW_PROCESSORS = (TensorProcessor, LlamaTensorProcessor)  # transformers' GGUF tensor fixes that only reorder rows
+Q4_K_BYTES = 144  # a q4_K block: d, dmin (fp16), 12 bytes of 6-bit scales and mins, 128 bytes of codes
+Q4_K_SCALES = slice(4, 16)
+
+
+class Int4Groups(NamedTuple):
+    """A [rows, cols] weight in 4 bits: row = codes * scale - offset, group by group of GROUP_SIZE columns."""
+
+    codes: torch.Tensor  # [rows, cols] uint8 in 0..15
+    scale: torch.Tensor  # [rows, cols / GROUP_SIZE] float32
+    offset: torch.Tensor  # [rows, cols / GROUP_SIZE] float32
+
+
+def dequantize(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """codes [..., K] uint8, scale and offset [..., K / GROUP_SIZE] -> [..., K] float32, in gguf's order of
+    operations (code * scale - offset), so a q4_K tensor comes out bitwise as `gguf.quants.dequantize` gives it."""
+    grouped = codes.unflatten(-1, (-1, GROUP_SIZE)).float()  # [..., K / G, G]
+    return (grouped * scale[..., None] - offset[..., None]).flatten(-2)
+
+
+def groups_from_float(weight: torch.Tensor) -> Int4Groups:
+    """[rows, cols] float -> Int4Groups spanning each group's min..max in 16 levels."""
+    grouped = weight.detach().float().unflatten(-1, (-1, GROUP_SIZE))  # [rows, cols / G, G]
+    low, high = grouped.amin(-1), grouped.amax(-1)  # [rows, cols / G]
+    scale = (high - low) / CODE_MAX
+    steps = torch.where(scale > 0, scale, 1.0)  # a constant group: every code 0, the value is its offset
+    codes = torch.round((grouped - low[..., None]) / steps[..., None]).clamp_(0, CODE_MAX)
+    return Int4Groups(codes.to(torch.uint8).flatten(-2), scale, -low)
+
+
+def groups_from_q4_k(blocks: np.ndarray) -> Int4Groups:
+    """A q4_K tensor's bytes [rows, cols / 256 * 144] -> its own codes, with scale d * sc and offset dmin * m
+    per sub-block of 32 (float32, exact: fp16 times a 6-bit integer)."""
+    rows = blocks.shape[0]
+    blocks = np.asarray(blocks).reshape(-1, Q4_K_BYTES)  # [B, 144]
+    d = blocks[:, 0:2].view(np.float16).astype(np.float32)  # [B, 1]
+    dmin = blocks[:, 2:4].view(np.float16).astype(np.float32)
+    sc, m = gguf.quants.Q4_K.get_scale_min(blocks[:, Q4_K_SCALES])  # [B, 8] each
+    nibbles = blocks[:, Q4_K_SCALES.stop:].reshape(-1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+    codes = (nibbles & 0x0F).reshape(rows, -1)  # sub-block 2j: low nibbles of 32 bytes, 2j + 1: high nibbles
+    scale, offset = (d * sc.astype(np.float32)).reshape(rows, -1), (dmin * m.astype(np.float32)).reshape(rows, -1)
+    return Int4Groups(*(torch.from_numpy(np.ascontiguousarray(t)) for t in (codes, scale, offset)))
+
+
+def fits_int4(out_features: int, in_features: int) -> bool:
+    """Whether the kernel takes a [out, in] weight: whole groups of inputs, whole blocks of outputs."""
+    return in_features % GROUP_SIZE == 0 and out_features % OUT_MULTIPLE == 0
+
+
+def packed_layout() -> str:
+    """What the packed bits depend on besides the weight: the kernel's CPU capability and torch's version."""
+    return f"torch {torch.__version__} {torch.backends.cpu.get_cpu_capability()}"
+
+
+class Int4Linear(torch.nn.Module):
+    """y = x W.T + b with W 4-bit per group (bf16 scale and zero), x rounded to bf16, a fixed float32 sum order
+    per output (row-invariant; see the module docstring)."""
+
+    packed: torch.Tensor  # [out, in / 2] uint8 in the kernel's layout (packed_layout())
+    scales_and_zeros: torch.Tensor  # [in / GROUP_SIZE, out, 2] bf16: W = (code - 8) * scale + zero
+    bias: torch.Tensor | None  # [out] float32
+
+    def __init__(self, groups: Int4Groups, bias: torch.Tensor | None = None):
+        super().__init__()
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(groups.codes.to(torch.int32), INNER_K_TILES)
+        zero = CODE_OFFSET * groups.scale - groups.offset  # (code - 8) * scale + zero = code * scale - offset
+        scales_and_zeros = torch.stack([groups.scale, zero], dim=-1).transpose(0, 1)  # [in / G, out, 2]
+        self._hold(packed, scales_and_zeros.to(torch.bfloat16).contiguous(), bias)
+
+    @classmethod
+    def from_quantized(cls, packed: torch.Tensor, scales_and_zeros: torch.Tensor,
+                       bias: torch.Tensor | None = None) -> "Int4Linear":
+        """The layer whose `state_dict` holds these, as `cls(groups, bias)` made it, without packing again."""
+        layer = cls.__new__(cls)
+        torch.nn.Module.__init__(layer)
+        layer._hold(packed, scales_and_zeros, bias)
+        return layer
+
+    def _hold(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.out_features, self.in_features = packed.shape[0], packed.shape[1] * 2
+        self.group_size = self.in_features // scales_and_zeros.shape[0]
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales_and_zeros", scales_and_zeros)
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).to(torch.bfloat16).contiguous()  # [M, in]
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, self.group_size,
+                                                       self.scales_and_zeros).float()  # [M, out]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, "
+                f"bias={self.bias is not None}")
+
+
+class Int4Embedding(torch.nn.Module):
+    """An embedding table held as Int4Groups, two codes a byte; each looked-up row is dequantized alone."""
+
+    codes: torch.Tensor  # [num, dim / 2] uint8: column 2j in the low nibble, 2j + 1 in the high one
+    scale: torch.Tensor  # [num, dim / GROUP_SIZE] float32
+    offset: torch.Tensor  # [num, dim / GROUP_SIZE] float32: row = codes * scale - offset
+
+    def __init__(self, groups: Int4Groups):
+        super().__init__()
+        codes = groups.codes
+        self._hold(codes[:, 0::2] | (codes[:, 1::2] << 4), groups.scale, groups.offset)
+
+    @classmethod
+    def from_quantized(cls, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> "Int4Embedding":
+        layer = cls.__new__(cls)
+        torch.nn.Module.__init__(layer)
+        layer._hold(codes, scale, offset)
+        return layer
+
+    def _hold(self, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> None:
+        self.num_embeddings, self.embedding_dim = codes.shape[0], codes.shape[1] * 2
+        self.register_buffer("codes", codes.contiguous())
+        self.register_buffer("scale", scale)
+        self.register_buffer("offset", offset)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        pairs = self.codes[ids]  # [..., dim / 2]
+        codes = torch.stack([pairs & 0x0F, pairs >> 4], dim=-1).flatten(-2)  # [..., dim]
+        return dequantize(codes, self.scale[ids], self.offset[ids])  # [..., dim] float32
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, group_size={GROUP_SIZE}"
+
+
+def quantize_int4(model: torch.nn.Module) -> torch.nn.Module:
+    """Make a float32 CPU causal LM row-invariant with 4-bit weights, in place, and return it.
+
+    Each Linear whose shape the kernel takes becomes an Int4Linear (min/max per group); the LM head, Conv1Ds and
+    other shapes an Int8Linear; the input embedding an Int4Embedding (when its width is whole groups); attention
+    `rowwise_attention`. A tied head is untied (its int8 copy and the 4-bit embedding are separate).
+    """
+    parameter = next(model.parameters())
+    if parameter.dtype != torch.float32 or parameter.device.type != "cpu":
+        raise ValueError(f"quantize_int4 takes a float32 CPU model, got {parameter.dtype} on {parameter.device}")
+    head = _name_of(model, model.get_output_embeddings())
+
+    def layer(name: str, modules: list[torch.nn.Module]) -> torch.nn.Module:
+        (module,) = modules
+        if name == head or not isinstance(module, torch.nn.Linear) or not fits_int4(*module.weight.shape):
+            return Int8Linear.from_module(module)
+        return Int4Linear(groups_from_float(module.weight), module.bias)
+
+    embedding = model.get_input_embeddings()
+    quant._int8_layers(model, layer, share_inputs=False)
+    if embedding.embedding_dim % GROUP_SIZE == 0:
+        model.set_input_embeddings(Int4Embedding(groups_from_float(embedding.weight)))
+    return model
+
+
+def int4_from_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """The model `quantize_int4` or `int4_from_gguf` made, from its `state_dict()` (`state`) and `model`, the same
+    architecture built from its config with parameters on the meta device (buffers real); in place, no packing.
+    A missing or unexpected key raises."""
+    def stored_layer(name: str, modules: list[torch.nn.Module]) -> torch.nn.Module:
+        bias = None if modules[0].bias is None else state[f"{name}.bias"]
+        if f"{name}.packed" in state:
+            return Int4Linear.from_quantized(state[f"{name}.packed"], state[f"{name}.scales_and_zeros"], bias)
+        return Int8Linear.from_quantized(state[f"{name}.weight"], state[f"{name}.weight_scale"], bias)
+
+    embedding = _name_of(model, model.get_input_embeddings())
+    quant._int8_layers(model, stored_layer, share_inputs=False)
+    if f"{embedding}.codes" in state:
+        model.set_input_embeddings(Int4Embedding.from_quantized(
+            state[f"{embedding}.codes"], state[f"{embedding}.scale"], state[f"{embedding}.offset"]))
+    model.load_state_dict(state, strict=True, assign=True)
+    return model
+
+
+def int4_from_gguf(path: Path) -> tuple[torch.nn.Module, object]:
+    """(int4 model in eval mode, tokenizer) of a llama- or qwen2-style GGUF, one tensor at a time, no float32 model.
+
+    Linears: q4_K codes kept; other types under INT4_BELOW_BITS requantized (Int4Linear); the rest, the head
+    and shapes the kernel does not take Int8Linear. The embedding an Int4Embedding; norms and biases float32.
+    """
+    try:
+        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        with init_empty_weights(include_buffers=False):  # parameters on meta; buffers (rotary tables) computed
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.generation_config = GenerationConfig.from_model_config(config)
+        weights = _GGUFWeights(path, model)
+        _fill(model, weights)
+    except (OSError, KeyError, RuntimeError, NotImplementedError) as error:
+        raise ValueError(f"cannot build an int4 model from {path.name}: {error}") from error
+    return model.eval(), tokenizer
+
+
+def _fill(model: torch.nn.Module, weights: "_GGUFWeights") -> None:
+    """Replace `model`'s meta Linears and embedding by quantized layers of `weights`, then assign the rest."""
+    head, embedding = _name_of(model, model.get_output_embeddings()), _name_of(model, model.get_input_embeddings())
+    head_weight = f"{head}.weight" if f"{head}.weight" in weights.tensors else f"{embedding}.weight"  # tied: one
+
+    def layer(name: str, modules: list[torch.nn.Module]) -> torch.nn.Module:
+        (module,) = modules
+        weight = head_weight if name == head else f"{name}.weight"
+        bias = None if module.bias is None else weights.float(f"{name}.bias")
+        if name != head and weights.low_bit(weight) and fits_int4(module.out_features, module.in_features):
+            return Int4Linear(weights.groups(weight), bias)
+        return Int8Linear(weights.float(weight), bias)
+
+    dim = model.get_input_embeddings().embedding_dim
+    quant._int8_layers(model, layer, share_inputs=False)
+    if dim % GROUP_SIZE == 0:
+        model.set_input_embeddings(Int4Embedding(weights.groups(f"{embedding}.weight")))
+    rest = {name: weights.float(name) for name, parameter in model.named_parameters() if parameter.is_meta}
+    model.load_state_dict(rest, strict=False, assign=True)
+
+
+class _GGUFWeights:
+    """A GGUF's tensors under a transformers model's names, read one at a time (memory-mapped), rows in
+    transformers' order (llama.cpp interleaves the rotary halves of llama q/k rows; the processor undoes it)."""
+
+    def __init__(self, path: Path, model: torch.nn.Module):
+        reader = gguf.GGUFReader(path)
+        architecture = read_field(reader, "general.architecture")[0]
+        processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)
+        if processor not in ROW_PROCESSORS:
+            raise NotImplementedError(f"int4 reads llama- and qwen2-style GGUFs, not {architecture}")
+        self.processor = processor(config=model.config.to_dict())
+        names = get_gguf_hf_weights_map(model, self.processor)  # gguf name -> transformers name
+        self.tensors = {names[t.name]: t for t in reader.tensors if t.name in names}
+
+    def low_bit(self, name: str) -> bool:
+        """Whether tensor `name` is stored in fewer than INT4_BELOW_BITS bits per weight."""
+        block, size = gguf.GGML_QUANT_SIZES[self.tensors[name].tensor_type]
+        return 8 * size / block < INT4_BELOW_BITS
+
+    def float(self, name: str) -> torch.Tensor:
+        """Tensor `name` dequantized: [rows, cols] or [n] float32."""
+        tensor = self.tensors[name]
+        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        return torch.from_numpy(np.ascontiguousarray(values[self._rows(name)]))
+
+    def groups(self, name: str) -> Int4Groups:
+        """Tensor `name` as Int4Groups: a q4_K tensor's own codes, any other requantized."""
+        tensor = self.tensors[name]
+        if tensor.tensor_type != gguf.GGMLQuantizationType.Q4_K:
+            return groups_from_float(self.float(name))
+        rows = torch.from_numpy(self._rows(name))
+        return Int4Groups(*(part[rows] for part in groups_from_q4_k(tensor.data)))
+
+    def _rows(self, name: str) -> np.ndarray:
+        """[rows] the order transformers puts tensor `name`'s rows in (the processor applied to row numbers)."""
+        tensor = self.tensors[name]
+        return self.processor.process(weights=np.arange(tensor.data.shape[0]), name=tensor.name).weights
+
+
+def _name_of(model: torch.nn.Module, module: torch.nn.Module) -> str:
+    return next(name for name, candidate in model.named_modules() if candidate is module)
