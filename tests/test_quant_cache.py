@@ -103,7 +103,7 @@ def mark_ready_again(store):
 
 
 def old_format(store):
-    (store / quant_store.MARKER).write_text(json.dumps({"format": 0, "source": "?"}))
+    (store / quant_store.INT8.marker).write_text(json.dumps({"format": 0, "source": "?"}))
     mark_ready_again(store)
 
 

@@ -1,4 +1,5 @@
-"""The int8 cache: a model is quantized once (`quant.quantize_int8`), later int8 loads read the stored result.
+"""The quantized cache: a model is quantized once (int8: `quant.quantize_int8`; int4: `specdec.models.quant4`),
+later loads read the stored result.
 
 Quantizing at each load reads the float32 model and quantizes every Linear again. Instead, the first int8
 load of a float32 folder quantizes it and stores:
@@ -9,45 +10,70 @@ load of a float32 folder quantizes it and stores:
 
 holding `model.safetensors` (the quantized model's `state_dict`: int8 weights with their per-row float32
 scales and biases, the embeddings and norms in float32), `config.json`, `generation_config.json`, the
-tokenizer files, `int8.json` ({"format": FORMAT, "source": the float32 folder's identity, "weight_limit": the
-|w| bound it was quantized with, `quant.weight_limit()`}) and the cache's
+tokenizer files, `int8.json` ({"format": its Form's format, "source": the float32 folder's identity,
+"weight_limit": the |w| bound it was quantized with, `quant.weight_limit()`}) and the cache's
 READY marker, written last. Later loads build the architecture from the config with parameters on the meta
 device and fill it from those tensors (`quant.int8_from_state`): no float32 pass, and the same bits as
 quantizing at load (tests/test_quant_cache.py).
 
-A store is used only when it is READY, of this FORMAT, made from the float32 folder as it is now (the
-names, sizes and modification times of its files) and with this machine's weight limit; anything else (a store of an older layout, a changed
-source, unreadable weights) is made again, with one line on stderr saying why. Writes go through
-`cache.atomic_path` under `cache.locked`, so a killed save leaves only a partial that no load reads.
-Copies of folders that no longer exist stay until `quantized/` is deleted. Bump FORMAT whenever the stored
-layout or the quantization changes.
+A store is used only when it is READY, of its Form's format, made from the float32 folder as it is now (the
+names, sizes and modification times of its files) and with this machine's weight limit; anything else (a
+store of an older layout, a changed source, unreadable weights) is made again, with one line on stderr saying
+why. Writes go through `cache.atomic_path` under `cache.locked`, so a killed save leaves only a partial that no
+load reads. Copies of folders that no longer exist stay until `quantized/` is deleted. Bump a Form's format
+whenever its stored layout or its quantization changes.
+
+int4 (`INT4`) is stored the same way, in `int4/` next to a conversion (`converted/<key>/int4/`, also for a
+GGUF read straight into 4 bits: `load_int4_gguf`, no float32 copy on disk) or `quantized/<name>-<hash>-int4/`,
+with `int4.json`; its identity adds the kernel's packed layout (`quant4.packed_layout()`: torch's version and
+CPU capability), since the packed bits are the kernel's own; its Int8Linear layers (the head, q6_K tensors) are
+checked against the weight limit as an int8 store's are.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
 from safetensors import SafetensorError
 
-from specdec.models import cache, convert, quant
+from specdec.models import cache, convert, quant, quant4
 from specdec.models.cache import Progress
 
-FORMAT = 1  # layout of a store; a store of another format is made again
-MARKER = "int8.json"  # {"format": FORMAT, "source": the float32 folder's identity, "weight_limit": its |w| bound}
+
+@dataclass(frozen=True)
+class Form:
+    """A quantized form the cache stores."""
+
+    name: str  # "int8" or "int4": its store folders, marker file and messages say it
+    format: int  # layout of its stores; a store of another format is made again
+    from_state: Callable[[torch.nn.Module, dict], torch.nn.Module]  # (model on meta, state_dict) -> quantized
+    suffix: str  # of its folder under quantized/ (int8 stores keep their bare name)
+
+    @property
+    def marker(self) -> str:  # {"format": format, "source": identity of what it was made from, "weight_limit"}
+        return f"{self.name}.json"
+
+    @property
+    def cache_source(self) -> str:  # LoadedModel.source of a model read from its store
+        return f"cache ({self.name})"
+
+
+INT8 = Form("int8", 1, quant.int8_from_state, "")
+INT4 = Form("int4", quant4.FORMAT, quant4.int4_from_state, "-int4")
 WEIGHTS = "model.safetensors"
-CACHE_SOURCE = "cache (int8)"  # LoadedModel.source of a model read from its store
 UNREADABLE = (OSError, ValueError, KeyError, RuntimeError, SafetensorError)  # what a damaged store raises when read
 
 
-def store_folder(source: Path) -> Path:
-    """Where the int8 copy of float32 folder `source` is kept (see the module docstring)."""
+def store_folder(source: Path, form: Form = INT8) -> Path:
+    """Where the `form` copy of float32 folder `source` is kept (see the module docstring)."""
     if source.name == "float32" and source.resolve().parent.parent == (cache.root() / "converted").resolve():
-        return cache.converted_dir(source.parent.name, "int8")
+        return cache.converted_dir(source.parent.name, form.name)
     digest = hashlib.sha256(str(source.resolve()).encode()).hexdigest()[:12]
-    return cache.root() / "quantized" / f"{source.name}-{digest}"
+    return cache.root() / "quantized" / f"{source.name}-{digest}{form.suffix}"
 
 
 def source_identity(source: Path) -> str:
@@ -60,47 +86,80 @@ def source_identity(source: Path) -> str:
 def load_int8(source: Path, float32: Callable[[], tuple], trust_remote_code: bool = False,
               progress: Progress | None = None) -> tuple[torch.nn.Module, object, bool]:
     """(int8 model, tokenizer, whether it was read from the store) for float32 folder `source`: read from its
-    store when that is current, else `float32()` ((model, tokenizer) in float32 on the CPU) quantized and stored.
+    store when that is current, else `float32()` ((model, tokenizer) in float32 on the CPU) quantized and stored."""
+    def quantized() -> tuple:
+        model, tokenizer = float32()
+        return quant.quantize_int8(model), tokenizer
+
+    return _load(INT8, store_folder(source), source_identity(source), quantized, str(source), trust_remote_code,
+                 progress)
+
+
+def load_int4(source: Path, float32: Callable[[], tuple], trust_remote_code: bool = False,
+              progress: Progress | None = None) -> tuple[torch.nn.Module, object, bool]:
+    """As load_int8, in int4 (`quant4.quantize_int4`)."""
+    def quantized() -> tuple:
+        model, tokenizer = float32()
+        return quant4.quantize_int4(model), tokenizer
+
+    identity = f"{source_identity(source)}|{quant4.packed_layout()}"
+    return _load(INT4, store_folder(source, INT4), identity, quantized, str(source), trust_remote_code, progress)
+
+
+def load_int4_gguf(key: str, identity: str, gguf: Callable[[], Path],
+                   progress: Progress | None = None) -> tuple[torch.nn.Module, object, bool]:
+    """(int4 model, tokenizer, whether it was read from the store) of the GGUF `gguf()` returns (called only to
+    make the store), kept in `converted/<key>/int4/` for a source of `identity` (a content hash, or path, size
+    and modification time)."""
+    def quantized() -> tuple:
+        return quant4.int4_from_gguf(gguf())
+
+    store = cache.converted_dir(key, INT4.name)
+    return _load(INT4, store, f"{identity}|{quant4.packed_layout()}", quantized, key, False, progress)
+
+
+def _load(form: Form, store: Path, identity: str, quantized: Callable[[], tuple], what: str,
+          trust_remote_code: bool, progress: Progress | None) -> tuple[torch.nn.Module, object, bool]:
+    """(model, tokenizer, whether read from `store`): read when `store` is current for `identity`, else
+    `quantized()` ((quantized model, tokenizer)) made and stored.
 
     The store's lock is held throughout: one process quantizes, the others wait and read its result, and no
     reader sees a store being replaced."""
-    store, identity = store_folder(source), source_identity(source)
     with cache.locked(store):
-        problem = _problem(store, identity)
+        problem = _problem(form, store, identity)
         if problem is None:
             try:
-                return (*_read(store, trust_remote_code), True)
+                return (*_read(form, store, trust_remote_code), True)
             except UNREADABLE as error:
-                problem = f"its int8 weights cannot be read ({type(error).__name__}: {str(error)[:200]})"
-        convert._report(progress, f"{source}: {problem}; quantizing to int8 and storing it in {store}", 0.0)
-        model, tokenizer = float32()
-        quant.quantize_int8(model)
-        _write(model, tokenizer, store, identity)
+                problem = f"its {form.name} weights cannot be read ({type(error).__name__}: {str(error)[:200]})"
+        convert._report(progress, f"{what}: {problem}; quantizing to {form.name} and storing it in {store}", 0.0)
+        model, tokenizer = quantized()
+        _write(form, model, tokenizer, store, identity)
     return model, tokenizer, False
 
 
-def _problem(store: Path, identity: str) -> str | None:
+def _problem(form: Form, store: Path, identity: str) -> str | None:
     """Why `store` cannot be used for a source of `identity` (one phrase), or None when it can."""
     if not store.exists():
-        return "no int8 copy yet (made once; later loads read it)"
+        return f"no {form.name} copy yet (made once; later loads read it)"
     if not cache.is_ready(store):
-        return "its int8 copy is incomplete"
+        return f"its {form.name} copy is incomplete"
     try:
-        marker = json.loads((store / MARKER).read_text())
+        marker = json.loads((store / form.marker).read_text())
         made_format, made_from = marker["format"], marker["source"]
     except (OSError, ValueError, KeyError, TypeError):
-        return f"its int8 copy has no readable {MARKER}"
-    if made_format != FORMAT:
-        return f"its int8 copy has format {made_format}, this version reads format {FORMAT}"
+        return f"its {form.name} copy has no readable {form.marker}"
+    if made_format != form.format:
+        return f"its {form.name} copy has format {made_format}, this version reads format {form.format}"
     if made_from != identity:
-        return "it changed since its int8 copy was made"
-    if marker.get("weight_limit", quant.INT8_MAX) != quant.weight_limit():
-        return (f"its int8 copy holds weights up to {marker.get('weight_limit', quant.INT8_MAX)}, and this machine's "
-                f"fast kernel sums exactly up to {quant.weight_limit()}")
+        return f"it changed since its {form.name} copy was made"
+    if marker.get("weight_limit", quant.INT8_MAX) != quant.weight_limit():  # its Int8Linear layers (int4's head too)
+        return (f"its {form.name} copy holds weights up to {marker.get('weight_limit', quant.INT8_MAX)}, and this "
+                f"machine's fast kernel sums exactly up to {quant.weight_limit()}")
     return None
 
 
-def _write(model: torch.nn.Module, tokenizer, store: Path, identity: str) -> None:
+def _write(form: Form, model: torch.nn.Module, tokenizer, store: Path, identity: str) -> None:
     """Save the quantized `model` (safetensors), its config and tokenizer, then the marker and READY, atomically."""
     from safetensors.torch import save_file
 
@@ -111,13 +170,13 @@ def _write(model: torch.nn.Module, tokenizer, store: Path, identity: str) -> Non
         model.config.save_pretrained(partial)
         model.generation_config.save_pretrained(partial)
         tokenizer.save_pretrained(partial)
-        (partial / MARKER).write_text(json.dumps({"format": FORMAT, "source": identity,
-                                                  "weight_limit": quant.weight_limit()}))
+        (partial / form.marker).write_text(json.dumps({"format": form.format, "source": identity,
+                                                       "weight_limit": quant.weight_limit()}))
         cache.mark_ready(partial)
 
 
-def _read(store: Path, trust_remote_code: bool):
-    """(int8 model in eval mode, tokenizer) built from `store` without a float32 pass."""
+def _read(form: Form, store: Path, trust_remote_code: bool):
+    """(quantized model in eval mode, tokenizer) built from `store` without a float32 pass."""
     from accelerate import init_empty_weights
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
@@ -125,6 +184,6 @@ def _read(store: Path, trust_remote_code: bool):
     config = AutoConfig.from_pretrained(store, trust_remote_code=trust_remote_code)
     with init_empty_weights(include_buffers=False):  # parameters on meta; buffers (rotary tables) computed
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, trust_remote_code=trust_remote_code)
-    quant.int8_from_state(model, load_file(store / WEIGHTS))
+    form.from_state(model, load_file(store / WEIGHTS))
     model.generation_config = GenerationConfig.from_pretrained(store)
     return model.eval(), AutoTokenizer.from_pretrained(store, trust_remote_code=trust_remote_code)
