@@ -2,7 +2,9 @@
 
 The formats (`FORMATS`): float32; bfloat16; int8, the row-invariant integer path of `specdec.models.quant`
 (verification rows bitwise one-token steps, so greedy output equals the target alone by construction); and
-int8-dynamic, fbgemm's own dynamic quantization (`quant.couple_rows`: one op per layer, rows not independent).
+int8-dynamic, fbgemm's own dynamic quantization (`quant.couple_rows`: one op per layer, rows not independent);
+and int4, 4-bit weights read straight from a GGUF (`specdec.models.quant4`, row-invariant too), taken only when
+asked for (ASKED_ONLY).
 
 `choose_format(config, role)` times each candidate on a random-weight model of `config`'s real architecture
 (v(n) and c depend on shapes, not values) at two depths, LAYERS, and extrapolates to the model's depth:
@@ -33,12 +35,14 @@ from transformers.initialization import no_init_weights
 
 from specdec.core import hardware
 from specdec.core.kv import CachedLM
-from specdec.models import cache, quant
+from specdec.models import cache, quant, quant4
 from specdec.models.speed import apply_speed_levers
 
-FORMATS = ("float32", "bfloat16", "int8", "int8-dynamic")  # weight formats a model can run in here
-ROW_INVARIANT = ("int8",)  # formats whose verification rows are bitwise one-token steps
-CPU_ONLY = ("int8", "int8-dynamic")  # formats with CPU kernels only
+FORMATS = ("float32", "bfloat16", "int8", "int8-dynamic", "int4")  # weight formats a model can run in here
+ROW_INVARIANT = ("int8", "int4")  # formats whose verification rows are bitwise one-token steps
+CPU_ONLY = ("int8", "int8-dynamic", "int4")  # formats with CPU kernels only
+ASKED_ONLY = ("int4",)  # never an auto choice: another model than the float one (4-bit weights), and its fast
+# one-token step hides a verification of several steps (docs/int4.md), which a choice by step time would miss
 ROLES = ("target", "draft")
 LAYERS = (1, 4)  # depths timed; the model's depth is extrapolated from these two
 CONTEXT = 64  # tokens in the cache before each timed forward
@@ -86,8 +90,8 @@ DRAFT_ONLY = ("int8-dynamic",)  # formats whose rows are not independent: never 
 
 
 def candidates(device: str = "cpu") -> tuple[str, ...]:
-    """The formats a model can run in on `device` (all timed at once; each role then takes its own pick)."""
-    return FORMATS if device == "cpu" else tuple(f for f in FORMATS if f not in CPU_ONLY)
+    """The formats "auto" times on `device` (all at once; each role then takes its own pick)."""
+    return tuple(f for f in FORMATS if f not in ASKED_ONLY and (device == "cpu" or f not in CPU_ONLY))
 
 
 def choose_format(config, role: str, *, device: str = "cpu", recalibrate: bool = False,
@@ -164,6 +168,8 @@ def to_format(model: torch.nn.Module, format_: str) -> torch.nn.Module:
     if format_ in ("int8", "int8-dynamic"):
         quant.quantize_int8(model.float())
         return quant.couple_rows(model) if format_ == "int8-dynamic" else model
+    if format_ == "int4":
+        return quant4.quantize_int4(model.float())
     apply_speed_levers(model)
     return model
 

@@ -26,7 +26,8 @@ from specdec.models import aligned, cache, convert, entries, formats, hub, quant
 from specdec.models.cache import Progress
 from specdec.models.speed import apply_speed_levers
 
-QUANTS = ("none", "int8")  # --quant choices: "int8" is specdec.models.quant's row-invariant path (= dtype "int8")
+QUANTS = ("none", "int8", "int4")  # --quant choices: the row-invariant paths of specdec.models.quant / quant4 (=
+# dtype "int8" / "int4")
 DTYPES = ("auto",) + formats.FORMATS  # --dtype choices: auto = the fastest format measured here (formats.py)
 HUB_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
@@ -39,16 +40,16 @@ class LoadedModel:
     model: torch.nn.Module  # the causal LM, in eval mode
     tokenizer: object  # its transformers tokenizer
     source: str  # where the weights were read from this time: cache/package/folder/aligned/gguf/hub/modelscope,
-    # or "cache (int8)" (an int8 model read from its store, specdec.models.quant_store)
+    # or "cache (int8)" / "cache (int4)" (a quantized model read from its store, specdec.models.quant_store)
     path: Path  # the local folder (or .gguf file) the weights came from (int8: the float32 folder quantized)
-    dtype: str  # "float32", "bfloat16", or "int8" (float32 weights quantized by quant.quantize_int8)
+    dtype: str  # one of formats.FORMATS: "float32", "bfloat16", "int8" (quant.quantize_int8), "int4" (quant4), ...
     device: str = "cpu"  # torch device the weights live on
     load_seconds: float = 0.0  # wall time of this load, assembly and conversion included
 
     @property
     def quant(self) -> str:
-        """"int8" for the row-invariant integer path (specdec.models.quant), else "none"."""
-        return "int8" if self.dtype == "int8" else "none"
+        """"int8" / "int4" for the row-invariant quantized paths (specdec.models.quant, quant4), else "none"."""
+        return self.dtype if self.dtype in QUANTS else "none"
 
     @property
     def memory_bytes(self) -> int:
@@ -115,7 +116,9 @@ def load_model(spec: str, *, dtype="auto", device: str = "auto", trust_remote_co
     dtype: a weight format (`formats.FORMATS`), or "auto", the fastest measured here for `role` ("target" or
     "draft"; `resolve_dtype`). "int8" (or quant="int8"): the float32 model quantized by `quantize_int8`, stored
     once and read back by later loads (`specdec.models.quant_store`); "int8-dynamic": those int8 weights run by
-    fbgemm's dynamic quantization (`quant.couple_rows`, a draft's form).
+    fbgemm's dynamic quantization (`quant.couple_rows`, a draft's form). "int4" (or quant="int4"): the 4-bit path
+    of `specdec.models.quant4`, built straight from the GGUF of a catalogue package or a .gguf file (no float32
+    copy), else from the float32 folder; stored the same way.
     """
     if quant not in QUANTS:
         raise ValueError(f"quant must be one of {', '.join(QUANTS)}, got {quant!r}")
@@ -124,11 +127,13 @@ def load_model(spec: str, *, dtype="auto", device: str = "auto", trust_remote_co
                          f"({', '.join(entries.names())}), a folder, a .gguf file or a hub id")
     start = time.perf_counter()
     device = resolve_device(device)
-    if quant == "int8":
-        if dtype not in ("auto", "float32", "int8", torch.float32):
-            raise ValueError(f"quant int8 quantizes float32 weights; got dtype {dtype!r}")
-        dtype = "int8"
+    if quant != "none":
+        if dtype not in ("auto", "float32", quant, torch.float32):
+            raise ValueError(f"quant {quant} quantizes float32 weights; got dtype {dtype!r}")
+        dtype = quant
     dtype = resolve_dtype(dtype, device, spec, role)
+    if dtype == "int4":
+        return _load_int4(spec, trust_remote_code, progress)
     if dtype in formats.CPU_ONLY:
         return _load_int8(spec, dtype, trust_remote_code, progress)
     name, folder, source = _resolve(spec.strip(), dtype, progress)
@@ -144,10 +149,34 @@ def _load_int8(spec, dtype, trust_remote_code, progress) -> LoadedModel:
     name, folder, source = _resolve(spec.strip(), "float32", progress)
     float32 = lambda: _from_folder(folder, "float32", "cpu", trust_remote_code)  # noqa: E731 - only when storing
     model, tokenizer, stored = quant_store.load_int8(folder, float32, trust_remote_code, progress)
-    source = quant_store.CACHE_SOURCE if stored else source
+    source = quant_store.INT8.cache_source if stored else source
     if dtype == "int8-dynamic":
         quant.couple_rows(model)
     return LoadedModel(name, model, tokenizer, source, folder, dtype, "cpu", time.perf_counter() - start)
+
+
+def _load_int4(spec, trust_remote_code, progress) -> LoadedModel:
+    """The int4 model of `spec`: from its int4 store, else built straight from its GGUF (a catalogue package, a
+    .gguf file) or quantized from its float32 folder (any other spec), and stored."""
+    start, spec = time.perf_counter(), spec.strip()
+    entry, path = entries.find(spec), Path(spec).expanduser()
+    package = entry.package if entry is not None else None
+    if package and (package.installed() or cache.gguf_path(package.gguf).is_file()):
+        name, path, source = entry.name, cache.gguf_path(package.gguf), "package"
+        model, tokenizer, stored = quant_store.load_int4_gguf(
+            entry.name, f"sha256:{package.sha256}", lambda: _assembled(package, progress), progress)
+    elif entry is None and path.suffix.lower() == ".gguf":
+        if not path.is_file():
+            raise ValueError(f"GGUF file not found: {path}")
+        key, identity = _gguf_key(path)
+        name, source = path.stem, "gguf"
+        model, tokenizer, stored = quant_store.load_int4_gguf(key, identity, lambda: path, progress)
+    else:
+        name, path, source = _resolve(spec, "float32", progress)
+        float32 = lambda: _from_folder(path, "float32", "cpu", trust_remote_code)  # noqa: E731 - only when storing
+        model, tokenizer, stored = quant_store.load_int4(path, float32, trust_remote_code, progress)
+    source = quant_store.INT4.cache_source if stored else source
+    return LoadedModel(name, model, tokenizer, source, path, "int4", "cpu", time.perf_counter() - start)
 
 
 def prepare(spec: str, *, dtype="auto", device: str = "auto", progress: Progress | None = None) -> tuple[Path, str]:
@@ -228,12 +257,18 @@ def _assembled(package: entries.PackageSource, progress: Progress | None) -> Pat
 
 
 def _convert_gguf_file(path: Path, dtype: str, progress: Progress | None) -> tuple[Path, str]:
-    """A user's .gguf: cached under a key naming the file and its identity (path, size, mtime)."""
-    stat = path.stat()
-    identity = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
-    key = f"{path.stem}-{hashlib.sha256(identity).hexdigest()[:12]}"
+    """A user's .gguf: cached under a key naming the file and its identity (_gguf_key)."""
+    key, _ = _gguf_key(path)
     fresh = not cache.converted_dtypes(key)
     return convert.ensure_converted(key, dtype, lambda: path, progress), "gguf" if fresh else "cache"
+
+
+def _gguf_key(path: Path) -> tuple[str, str]:
+    """(cache key, identity) of a user's .gguf: the identity is its path, size and mtime, the key its name and a
+    hash of that identity."""
+    stat = path.stat()
+    identity = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    return f"{path.stem}-{hashlib.sha256(identity.encode()).hexdigest()[:12]}", identity
 
 
 def _from_folder(folder: Path, dtype: str, device: str, trust_remote_code: bool):
@@ -263,7 +298,9 @@ def add_model_arguments(parser, *, target_default: str | None = None) -> None:
                              "fastest (cached per machine; --recalibrate measures again)")
     parser.add_argument("--quant", choices=QUANTS, default="none",
                         help="int8 (= --dtype int8): weights int8 per channel, activations int8 per token, integer "
-                             "GEMMs and per-row attention, so verification is bitwise the one-token steps (CPU)")
+                             "GEMMs and per-row attention, so verification is bitwise the one-token steps (CPU); "
+                             "int4 (= --dtype int4): 4-bit weights per group of 32 read straight from a GGUF, "
+                             "the same guarantee")
     parser.add_argument("--draft-dtype", choices=DTYPES, default="auto",
                         help="the draft's weight format, apart from the target's: a draft's precision never "
                              "changes the output; auto = the fastest measured on this machine")

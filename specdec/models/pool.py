@@ -28,6 +28,7 @@ BUDGET_FRACTION = 0.6  # default budget: this share of the memory limit
 CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"),  # cgroup v2
                  Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))  # cgroup v1
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "int8": 2, "int8-dynamic": 2,  # int8: weights plus the packed copy
+               "int4": 1,  # int4: packed codes and scales, the head and 6-bit-and-wider layers int8
                "auto": 4}  # auto: not measured before the first load, so the widest format is reserved
 SCALES = {"K": 1e3, "M": 1e6, "B": 1e9}  # suffixes of a catalogue entry's parameter count
 
