@@ -30,8 +30,9 @@ def llama_cpp_order(weight: np.ndarray, heads: int) -> np.ndarray:
     return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def write_tiny_gguf(path, model) -> None:
-    """A llama-architecture F32 GGUF of `model` with a byte-level BPE tokenizer (256 bytes + 4 merges + EOS)."""
+def write_tiny_gguf(path, model, encode=None) -> None:
+    """A llama-architecture F32 GGUF of `model` with a byte-level BPE tokenizer (256 bytes + 4 merges + EOS);
+    `encode(gguf name, float32 array)` -> (bytes, GGML type) stores a tensor in another type."""
     config = model.config
     tokens = list(bytes_to_unicode().values()) + [m.replace(" ", "") for m in MERGES] + ["<|endoftext|>"]
     eos = len(tokens) - 1
@@ -56,7 +57,9 @@ def write_tiny_gguf(path, model) -> None:
     writer.add_bos_token_id(eos)
     writer.add_eos_token_id(eos)
     for name, tensor in model.state_dict().items():
-        writer.add_tensor(*_gguf_tensor(name, tensor.float().numpy(), config))
+        gguf_name, array = _gguf_tensor(name, tensor.float().numpy(), config)
+        data, kind = encode(gguf_name, array) if encode else (array, None)
+        writer.add_tensor(gguf_name, data, raw_dtype=kind)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

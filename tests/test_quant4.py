@@ -1,0 +1,323 @@
+"""The 4-bit path (specdec.models.quant4) is row-invariant like the int8 one: a verification forward over n tokens
+gives, bit for bit, the logits of n one-token steps, so greedy speculative output equals the int4 target alone.
+It is built from a float32 model or straight from a GGUF (q4_K codes as they are), and stored bit for bit."""
+import gguf
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, Qwen2Config
+
+from specdec import autoregressive_generate, speculative_generate
+from specdec.core.kv import CachedLM
+from specdec.models import cache, load_draft, load_model, quant4, quant_store
+from specdec.models.quant import ROWWISE_ATTENTION, Int8Linear
+from specdec.models.quant4 import GROUP_SIZE, Int4Embedding, Int4Linear, quantize_int4
+from specdec.testing import perturbed_copy, tiny_folder, tiny_model
+from test_models_gguf import LAYER_TENSORS, write_tiny_gguf
+from test_quant import CONTEXT, PROMPT, assert_greedy_identity_at_a_near_tie, rows_alone_equal
+
+Q = gguf.GGMLQuantizationType
+KERNEL = torch.ops.aten._weight_int4pack_mm_for_cpu
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+
+
+def random_q4_k(rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """Valid q4_K bytes [rows, cols / 256 * 144]: small fp16 d and dmin, random 6-bit scales, mins and codes."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, (rows * cols // 256, 144), dtype=np.uint8)
+    blocks[:, 0:2] = rng.uniform(2e-4, 6e-4, (len(blocks), 1)).astype(np.float16).view(np.uint8)
+    blocks[:, 2:4] = rng.uniform(5e-4, 2e-3, (len(blocks), 1)).astype(np.float16).view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+def random_q6_k(rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """Valid q6_K bytes [rows, cols / 256 * 210]: random codes and int8 scales, a small fp16 d last."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, (rows * cols // 256, 210), dtype=np.uint8)
+    blocks[:, 208:210] = rng.uniform(1e-4, 3e-4, (len(blocks), 1)).astype(np.float16).view(np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("out_features, in_features, group", [(48, 64, 32), (208, 256, 64), (1120, 384, 128)])
+def test_torch_int4_kernel_gives_each_row_as_if_alone(out_features, in_features, group, threads):
+    """The claim the path rests on, checked on this machine: row i of M = 1..9 rows is that row alone, bitwise,
+    whatever the thread count (outputs not a multiple of the kernel's 64-wide blocks included)."""
+    torch.manual_seed(0)
+    codes = torch.randint(0, 16, (out_features, in_features), dtype=torch.int32)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, quant4.INNER_K_TILES)
+    scales_and_zeros = (torch.randn(in_features // group, out_features, 2) * 0.05).to(torch.bfloat16)
+    x = (torch.randn(9, in_features) * torch.logspace(-2, 2, 9)[:, None]).to(torch.bfloat16)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        alone = [KERNEL(x[i:i + 1], packed, group, scales_and_zeros) for i in range(9)]
+        for rows in range(1, 10):
+            together = KERNEL(x[:rows], packed, group, scales_and_zeros)
+            assert all(torch.equal(together[i:i + 1], alone[i]) for i in range(rows)), f"M={rows}"
+    finally:
+        torch.set_num_threads(previous)
+    one_thread = torch.cat(alone)
+    weight = (codes.float() - 8) * scales_and_zeros[..., 0].float().repeat_interleave(group, 0).t() \
+        + scales_and_zeros[..., 1].float().repeat_interleave(group, 0).t()  # [out, in]: (code - 8) * scale + zero
+    torch.testing.assert_close(one_thread.float(), x.float() @ weight.t(), rtol=0.02, atol=0.02)
+
+
+@pytest.mark.parametrize("shape", [(48, 64), (208, 96), (8960 // 8, 1536 // 4)])
+def test_int4_linear_row_i_of_m_rows_is_row_i_alone(shape):
+    torch.manual_seed(0)
+    weight = torch.randn(shape)
+    groups = quant4.groups_from_float(weight)
+    layer = Int4Linear(groups, torch.randn(shape[0]))
+    for rows in range(1, 10):
+        x = torch.randn(1, rows, shape[1]) * torch.logspace(-2, 2, rows)[None, :, None]  # rows of other scales
+        assert rows_alone_equal(layer, x)
+    x = torch.randn(5, shape[1])
+    reference = torch.nn.functional.linear(x, quant4.dequantize(*groups), layer.bias)
+    assert torch.allclose(layer(x), reference, rtol=0.02, atol=0.02 * reference.abs().max().item())
+
+
+def test_float_groups_are_within_half_a_step_and_constant_groups_exact():
+    torch.manual_seed(0)
+    weight = torch.randn(16, 4 * GROUP_SIZE)
+    weight[3, :GROUP_SIZE] = 0.25  # a constant group
+    groups = quant4.groups_from_float(weight)
+    assert groups.codes.dtype == torch.uint8 and int(groups.codes.max()) <= quant4.CODE_MAX
+    error = (quant4.dequantize(*groups) - weight).abs().unflatten(-1, (-1, GROUP_SIZE)).amax(-1)  # [16, 4]
+    assert (error <= groups.scale / 2 * (1 + 1e-5) + 1e-7).all()
+    assert torch.equal(quant4.dequantize(*groups)[3, :GROUP_SIZE], weight[3, :GROUP_SIZE])
+
+
+def test_q4_k_codes_scales_and_offsets_are_the_gguf_ones():
+    """Dequantized, the groups read from q4_K bytes are bitwise what gguf dequantizes; so is an embedding row."""
+    data = random_q4_k(48, 512)
+    expected = torch.from_numpy(gguf.quants.dequantize(data, Q.Q4_K))  # [48, 512]
+    groups = quant4.groups_from_q4_k(data)
+    assert groups.codes.shape == (48, 512) and groups.scale.shape == (48, 512 // GROUP_SIZE)
+    assert torch.equal(quant4.dequantize(*groups), expected)
+    embedding = Int4Embedding(groups)
+    ids = torch.tensor([[3, 47, 3, 0]])
+    assert torch.equal(embedding(ids), expected[ids])
+    layer = Int4Linear(groups)  # scale and zero rounded to bf16: close, not equal
+    x = torch.randn(3, 512)
+    torch.testing.assert_close(layer(x), x @ expected.t(), rtol=0.02, atol=0.02 * float((x @ expected.t()).abs().max()))
+
+
+def quantized(arch: str, seed: int = 0, **config) -> torch.nn.Module:
+    return quantize_int4(tiny_model(arch, seed, **config))
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_linears_become_int4_the_head_int8_and_the_embedding_4_bit(tied):
+    from specdec.testing import tiny_config
+
+    config = tiny_config("qwen2")
+    config.tie_word_embeddings = tied
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    embedding = model.get_input_embeddings().weight.detach().clone()
+    quantize_int4(model)
+    assert not [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert isinstance(model.get_output_embeddings(), Int8Linear)
+    assert sum(isinstance(m, Int4Linear) for m in model.modules()) == 7 * config.num_hidden_layers
+    lookup = model.get_input_embeddings()
+    assert isinstance(lookup, Int4Embedding)
+    ids = torch.tensor([[0, 5, 127]])
+    assert torch.equal(lookup(ids), quant4.dequantize(*quant4.groups_from_float(embedding))[ids])
+    assert model.config._attn_implementation == ROWWISE_ATTENTION
+    with pytest.raises(ValueError, match="float32 CPU"):
+        quantize_int4(tiny_model("qwen2").to(torch.bfloat16))
+
+
+def assert_forward_of_n_tokens_is_n_one_token_steps(model, context, vocab: int) -> None:
+    for n in range(1, 10):
+        new = [(7 * j + 3) % (vocab - 4) + 4 for j in range(n)]
+        batched, stepwise = CachedLM(model), CachedLM(model)
+        batched.forward(context)
+        stepwise.forward(context)
+        together = batched.forward(new, logits_to_keep=n)[0]  # [n, V]
+        alone = torch.cat([stepwise.forward([token])[0] for token in new])  # [n, V]
+        assert torch.equal(together, alone), f"n={n}"
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_int4_forward_of_n_tokens_equals_n_one_token_steps(arch):
+    assert_forward_of_n_tokens_is_n_one_token_steps(quantized(arch), CONTEXT, 128)
+
+
+def test_int4_forward_is_row_invariant_at_the_target_widths():
+    """One layer at Qwen2.5 1.5B's widths (2 KV heads), 30 tokens cached (long caches: tests/test_quant.py)."""
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=512, hidden_size=1536, intermediate_size=8960, num_hidden_layers=1,
+                         num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True)
+    model = quantize_int4(AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval())
+    context = [(7919 * i) % 500 + 5 for i in range(30)]
+    assert_forward_of_n_tokens_is_n_one_token_steps(model, context, 512)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def pair(request):
+    target = tiny_model(request.param, seed=0)
+    draft = perturbed_copy(target, noise=0.3)
+    return quantize_int4(target), quantize_int4(draft)
+
+
+@pytest.mark.parametrize("k", [1, 3, 5, 8])
+def test_greedy_speculative_equals_int4_target_alone(pair, k):
+    target, draft = pair
+    alone = autoregressive_generate(target, PROMPT, max_new_tokens=37, eos_token_id=[]).token_ids
+    for drafter in (draft, target):  # partial acceptance; everything accepted
+        result = speculative_generate(target, drafter, PROMPT, k=k, max_new_tokens=37, eos_token_id=[])
+        assert result.token_ids == alone
+
+
+def test_greedy_identity_holds_at_a_constructed_near_tie():
+    assert_greedy_identity_at_a_near_tie("qwen2", quantize_int4)
+
+
+def test_a_row_coupled_int4_linear_breaks_the_identity(monkeypatch):
+    """Control: an Int4Linear whose rows share one input scale (max over all rows, as per-tensor schemes do)
+    gives the tests above something to catch."""
+    target, draft = quantized("llama"), quantize_int4(perturbed_copy(tiny_model("llama", seed=0), noise=0.2))
+    alone = autoregressive_generate(target, PROMPT, max_new_tokens=40, eos_token_id=[]).token_ids
+    forward = Int4Linear.forward
+
+    def coupled(self, x):  # rounds every row to the bf16 grid of the largest row: row i depends on the others
+        step = x.abs().amax() * 2 ** -7
+        return forward(self, torch.round(x / step) * step)
+
+    monkeypatch.setattr(Int4Linear, "forward", coupled)
+    assert not rows_alone_equal(target.model.layers[0].mlp, torch.randn(1, 6, 64) * torch.logspace(-2, 1, 6)[None, :, None])
+    diverged = [speculative_generate(target, d, PROMPT, k=k, max_new_tokens=40, eos_token_id=[]).token_ids != alone
+                for k in (1, 3, 5, 8) for d in (draft, target)]
+    assert any(diverged)
+
+
+def no_rebuild(monkeypatch):
+    """Make building an int4 model fail: a load from the store must need neither a GGUF nor a float32 pass."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a load from the int4 store built the model again")
+
+    from specdec.models import loading
+    monkeypatch.setattr(loading, "_from_folder", refuse)
+    monkeypatch.setattr(quant4, "quantize_int4", refuse)
+    monkeypatch.setattr(quant4, "int4_from_gguf", refuse)
+
+
+IDS = torch.tensor([PROMPT])  # [1, 7]
+FOLDER_IDS = torch.tensor([[1, 5, 9, 13, 7, 4, 8, 6, 12]])  # within a tiny folder's 19-word vocabulary
+
+
+def test_a_folder_loads_as_int4_then_from_its_store_bit_for_bit(tmp_path, monkeypatch):
+    folder = tiny_folder(tmp_path / "tiny", seed=0)
+    first = load_model(str(folder), quant="int4")
+    assert (first.source, first.dtype, first.quant, first.path) == ("folder", "int4", "int4", folder)
+    store = quant_store.store_folder(folder, quant_store.INT4)
+    assert cache.is_ready(store) and store != quant_store.store_folder(folder)  # not the int8 copy's folder
+    with monkeypatch.context() as patch:
+        no_rebuild(patch)
+        stored = load_model(str(folder), quant="int4")
+    assert stored.source == "cache (int4)"
+    assert {k: v for k, v in stored.model.state_dict().items()}.keys() == first.model.state_dict().keys()
+    assert all(torch.equal(v, first.model.state_dict()[k]) for k, v in stored.model.state_dict().items())
+    assert torch.equal(stored.model(FOLDER_IDS).logits, first.model(FOLDER_IDS).logits)
+    again = quantize_int4(load_model(str(folder), dtype="float32").model)
+    assert torch.equal(stored.model(FOLDER_IDS).logits, again(FOLDER_IDS).logits)
+    draft = load_draft(str(folder), stored)  # a model draft follows the int4 target
+    assert draft.dtype == "int4" and any(isinstance(m, Int4Linear) for m in draft.model.modules())
+    assert load_draft(str(folder), stored, dtype="bfloat16").dtype == "int4"  # a float draft: the target's form
+    int8_target = load_model(str(folder), quant="int8")
+    assert load_draft(str(folder), int8_target, dtype="int4").dtype == "int4"  # an int4 draft for an int8 target
+    with pytest.raises(ValueError, match="CPU"):
+        load_model(str(folder), quant="int4", dtype="bfloat16")
+
+
+def test_a_store_of_another_kernel_layout_is_made_again(tmp_path, monkeypatch, capsys):
+    folder = tiny_folder(tmp_path / "tiny", seed=0)
+    load_model(str(folder), quant="int4")
+    monkeypatch.setattr(quant4, "packed_layout", lambda: "torch 0.0 OTHER")
+    capsys.readouterr()
+    remade = load_model(str(folder), quant="int4")
+    assert remade.source == "folder" and "it changed since its int4 copy was made" in capsys.readouterr().err
+
+
+# A tiny llama GGUF with the default target's mix of types, at widths whole in q4_K's 256-wide blocks.
+GGUF_TYPES = {"attn_q": Q.Q4_K, "attn_k": Q.Q4_K, "attn_v": Q.Q5_0, "attn_output": Q.Q8_0, "ffn_gate": Q.Q4_K,
+              "ffn_up": Q.Q4_K, "ffn_down": Q.Q6_K, "token_embd": Q.Q4_K, "output": Q.Q6_K}
+
+
+def encode(name: str, array: np.ndarray):
+    """(bytes, type) of a GGUF tensor: q4_K / q6_K random valid blocks, q5_0 / q8_0 quantized by gguf."""
+    kind = next((kind for part, kind in GGUF_TYPES.items() if f"{part}.weight" in name), None)
+    if kind == Q.Q4_K:
+        return random_q4_k(*array.shape, seed=len(name)), kind
+    if kind == Q.Q6_K:
+        return random_q6_k(*array.shape, seed=len(name)), kind
+    if kind is not None:
+        return gguf.quants.quantize(array, kind), kind
+    return array, None
+
+
+@pytest.fixture
+def tiny_q4_k_gguf(tmp_path):
+    model = tiny_model("llama", 0, vocab_size=300, hidden=256)
+    path = tmp_path / "weights" / "tiny-q4.gguf"
+    path.parent.mkdir()
+    write_tiny_gguf(path, model, encode)
+    return path
+
+
+def test_a_gguf_becomes_int4_without_a_float32_copy_and_loads_back_bit_for_bit(tiny_q4_k_gguf, monkeypatch):
+    path = tiny_q4_k_gguf
+    first = load_model(str(path), quant="int4")
+    assert (first.source, first.dtype, first.path, first.name) == ("gguf", "int4", path, "tiny-q4")
+    assert not list((cache.root() / "converted").glob("*/float32"))  # no float32 copy on disk
+    reference = load_model(str(path), dtype="float32").model  # transformers' dequantization of the same file
+    layers = dict(first.model.named_modules())
+    for name, module in reference.named_modules():
+        if not isinstance(module, torch.nn.Linear):
+            continue
+        kind = GGUF_TYPES["output" if name == "lm_head" else LAYER_TENSORS[name.split(".", 3)[3]]]
+        layer, weight = layers[name], module.weight.detach()
+        if kind in (Q.Q6_K, Q.Q8_0):  # int8 of the dequantized weight, bit for bit as quantize_int8 makes it
+            assert isinstance(layer, Int8Linear) and torch.equal(layer.weight, Int8Linear(weight).weight)
+            continue
+        assert isinstance(layer, Int4Linear), name
+        x = torch.randn(4, weight.shape[1])
+        reference_y = x @ weight.t()
+        tolerance = (0.01 if kind == Q.Q4_K else 0.1) * float(reference_y.abs().max())  # q5_0 is requantized
+        torch.testing.assert_close(layer(x), reference_y, rtol=0, atol=tolerance)  # rows in llama's order
+    ids = torch.tensor([[0, 5, 299, 17]])
+    assert isinstance(first.model.get_input_embeddings(), Int4Embedding)
+    assert torch.equal(first.model.get_input_embeddings()(ids), reference.get_input_embeddings()(ids))  # q4_K exact
+    logits, expected = first.model(IDS).logits, reference(IDS).logits
+    assert (logits - expected).abs().max() < 0.1 * expected.abs().max()
+    assert_forward_of_n_tokens_is_n_one_token_steps(first.model, CONTEXT, 300)
+    with monkeypatch.context() as patch:
+        no_rebuild(patch)
+        stored = load_model(str(path), quant="int4")
+    assert stored.source == "cache (int4)" and stored.path == path
+    assert all(torch.equal(v, first.model.state_dict()[k]) for k, v in stored.model.state_dict().items())
+    assert stored.model.state_dict().keys() == first.model.state_dict().keys()
+    assert torch.equal(stored.model(IDS).logits, logits)
+    assert stored.tokenizer("the in").input_ids == first.tokenizer("the in").input_ids
+    alone = autoregressive_generate(stored.model, PROMPT, max_new_tokens=20, eos_token_id=[]).token_ids
+    for k in (1, 4):
+        assert speculative_generate(stored.model, first.model, PROMPT, k=k, max_new_tokens=20,
+                                    eos_token_id=[]).token_ids == alone
+
+
+def test_a_gguf_of_another_architecture_is_one_clear_line(tmp_path, monkeypatch):
+    from transformers.modeling_gguf_pytorch_utils import GPT2TensorProcessor
+
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, tiny_model("llama", 0, vocab_size=300))
+    monkeypatch.setitem(quant4.TENSOR_PROCESSORS, "llama", GPT2TensorProcessor)  # as if it needed another fix
+    with pytest.raises(ValueError, match="llama- and qwen2-style GGUFs") as error:
+        load_model(str(path), quant="int4")
+    assert "\n" not in str(error.value)
+    with pytest.raises(ValueError, match="not found"):
+        load_model(str(tmp_path / "missing.gguf"), quant="int4")
