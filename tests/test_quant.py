@@ -147,12 +147,16 @@ def test_rowwise_attention_rows_equal_one_token_steps(length):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_forward_of_n_tokens_equals_n_one_token_steps(arch):
-    model = quantized(arch)
-    for n in range(1, 9):
-        new = [(7 * j + 3) % 100 + 4 for j in range(n)]
+    assert_n_tokens_are_n_steps(quantized(arch), CONTEXT)
+
+
+def assert_n_tokens_are_n_steps(model, context: list[int], most: int = 8, vocab: int = 104) -> None:
+    """After `context`, one forward of n new tokens equals n one-token steps bitwise, n = 1..most."""
+    for n in range(1, most + 1):
+        new = [(7 * j + 3) % (vocab - 4) + 4 for j in range(n)]
         batched, stepwise = CachedLM(model), CachedLM(model)
-        batched.forward(CONTEXT)
-        stepwise.forward(CONTEXT)
+        batched.forward(context)
+        stepwise.forward(context)
         together = batched.forward(new, logits_to_keep=n)[0]  # [n, V]
         alone = torch.cat([stepwise.forward([token])[0] for token in new])  # [n, V]
         assert torch.equal(together, alone), f"n={n}"
@@ -176,20 +180,28 @@ def test_forward_is_row_invariant_at_qwen_widths(hidden, heads, mlp):
                        torch.cat([stepwise.forward([token])[0] for token in new]))
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
-def pair(request):
-    target = tiny_model(request.param, seed=0)
+def quantized_pair(arch: str, quantize) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(target, a perturbed copy as draft), both quantized."""
+    target = tiny_model(arch, seed=0)
     draft = perturbed_copy(target, noise=0.3)
-    return quantize_int8(target), quantize_int8(draft)
+    return quantize(target), quantize(draft)
 
 
-@pytest.mark.parametrize("k", [1, 2, 4, 7])
-def test_greedy_speculative_equals_int8_target_alone(pair, k):
-    target, draft = pair
+def assert_speculative_is_target_alone(target, draft, k: int) -> None:
     alone = autoregressive_generate(target, PROMPT, max_new_tokens=37, eos_token_id=[]).token_ids
     for drafter in (draft, target):  # partial acceptance; everything accepted
         result = speculative_generate(target, drafter, PROMPT, k=k, max_new_tokens=37, eos_token_id=[])
         assert result.token_ids == alone
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def pair(request):
+    return quantized_pair(request.param, quantize_int8)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 7])
+def test_greedy_speculative_equals_int8_target_alone(pair, k):
+    assert_speculative_is_target_alone(*pair, k)
 
 
 def test_int8_target_alone_matches_transformers_generate(pair):

@@ -8,13 +8,13 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from specdec import autoregressive_generate, speculative_generate
-from specdec.core.kv import CachedLM
 from specdec.models import cache, load_draft, load_model, quant4, quant_store
 from specdec.models.quant import ROWWISE_ATTENTION, Int8Linear
 from specdec.models.quant4 import GROUP_SIZE, Int4Embedding, Int4Linear, quantize_int4
 from specdec.testing import perturbed_copy, tiny_folder, tiny_model
 from test_models_gguf import LAYER_TENSORS, write_tiny_gguf
-from test_quant import CONTEXT, PROMPT, assert_greedy_identity_at_a_near_tie, rows_alone_equal
+from test_quant import (CONTEXT, PROMPT, assert_greedy_identity_at_a_near_tie, assert_n_tokens_are_n_steps,
+                        assert_speculative_is_target_alone, quantized_pair, rows_alone_equal)
 
 Q = gguf.GGMLQuantizationType
 KERNEL = torch.ops.aten._weight_int4pack_mm_for_cpu
@@ -132,20 +132,9 @@ def test_linears_become_int4_the_head_int8_and_the_embedding_4_bit(tied):
         quantize_int4(tiny_model("qwen2").to(torch.bfloat16))
 
 
-def assert_forward_of_n_tokens_is_n_one_token_steps(model, context, vocab: int) -> None:
-    for n in range(1, 10):
-        new = [(7 * j + 3) % (vocab - 4) + 4 for j in range(n)]
-        batched, stepwise = CachedLM(model), CachedLM(model)
-        batched.forward(context)
-        stepwise.forward(context)
-        together = batched.forward(new, logits_to_keep=n)[0]  # [n, V]
-        alone = torch.cat([stepwise.forward([token])[0] for token in new])  # [n, V]
-        assert torch.equal(together, alone), f"n={n}"
-
-
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_int4_forward_of_n_tokens_equals_n_one_token_steps(arch):
-    assert_forward_of_n_tokens_is_n_one_token_steps(quantized(arch), CONTEXT, 128)
+    assert_n_tokens_are_n_steps(quantized(arch), CONTEXT, most=9, vocab=128)
 
 
 def test_int4_forward_is_row_invariant_at_the_target_widths():
@@ -155,23 +144,14 @@ def test_int4_forward_is_row_invariant_at_the_target_widths():
                          num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True)
     model = quantize_int4(AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval())
     context = [(7919 * i) % 500 + 5 for i in range(30)]
-    assert_forward_of_n_tokens_is_n_one_token_steps(model, context, 512)
+    assert_n_tokens_are_n_steps(model, context, most=9, vocab=512)
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
-def pair(request):
-    target = tiny_model(request.param, seed=0)
-    draft = perturbed_copy(target, noise=0.3)
-    return quantize_int4(target), quantize_int4(draft)
-
-
-@pytest.mark.parametrize("k", [1, 3, 5, 8])
-def test_greedy_speculative_equals_int4_target_alone(pair, k):
-    target, draft = pair
-    alone = autoregressive_generate(target, PROMPT, max_new_tokens=37, eos_token_id=[]).token_ids
-    for drafter in (draft, target):  # partial acceptance; everything accepted
-        result = speculative_generate(target, drafter, PROMPT, k=k, max_new_tokens=37, eos_token_id=[])
-        assert result.token_ids == alone
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_greedy_speculative_equals_int4_target_alone(arch):
+    target, draft = quantized_pair(arch, quantize_int4)
+    for k in (1, 3, 5, 8):
+        assert_speculative_is_target_alone(target, draft, k)
 
 
 def test_greedy_identity_holds_at_a_constructed_near_tie():
@@ -190,7 +170,8 @@ def test_a_row_coupled_int4_linear_breaks_the_identity(monkeypatch):
         return forward(self, torch.round(x / step) * step)
 
     monkeypatch.setattr(Int4Linear, "forward", coupled)
-    assert not rows_alone_equal(target.model.layers[0].mlp, torch.randn(1, 6, 64) * torch.logspace(-2, 1, 6)[None, :, None])
+    rows = torch.randn(1, 6, 64) * torch.logspace(-2, 1, 6)[None, :, None]  # [1, n, hidden] of other scales
+    assert not rows_alone_equal(target.model.layers[0].mlp, rows)
     diverged = [speculative_generate(target, d, PROMPT, k=k, max_new_tokens=40, eos_token_id=[]).token_ids != alone
                 for k in (1, 3, 5, 8) for d in (draft, target)]
     assert any(diverged)
@@ -295,7 +276,7 @@ def test_a_gguf_becomes_int4_without_a_float32_copy_and_loads_back_bit_for_bit(t
     assert torch.equal(first.model.get_input_embeddings()(ids), reference.get_input_embeddings()(ids))  # q4_K exact
     logits, expected = first.model(IDS).logits, reference(IDS).logits
     assert (logits - expected).abs().max() < 0.1 * expected.abs().max()
-    assert_forward_of_n_tokens_is_n_one_token_steps(first.model, CONTEXT, 300)
+    assert_n_tokens_are_n_steps(first.model, CONTEXT, most=9, vocab=300)
     with monkeypatch.context() as patch:
         no_rebuild(patch)
         stored = load_model(str(path), quant="int4")
