@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from specdec import autoregressive_generate, speculative_generate
-from specdec.models import cache, load_draft, load_model, quant4, quant_store
+from specdec.models import cache, load_draft, load_model, quant, quant4, quant_store
 from specdec.models.quant import ROWWISE_ATTENTION, Int8Linear
 from specdec.models.quant4 import GROUP_SIZE, Int4Embedding, Int4Linear, quantize_int4
 from specdec.testing import perturbed_copy, tiny_folder, tiny_model
@@ -216,13 +216,18 @@ def test_a_folder_loads_as_int4_then_from_its_store_bit_for_bit(tmp_path, monkey
         load_model(str(folder), quant="int4", dtype="bfloat16")
 
 
-def test_a_store_of_another_kernel_layout_is_made_again(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("module, name, value, reason", [
+    (quant4, "packed_layout", "torch 0.0 OTHER", "it changed since its int4 copy was made"),  # the 4-bit packing
+    (quant, "weight_limit", 63, "its int4 copy holds weights up to 127"),  # its int8 head's fast kernel
+])
+def test_a_store_for_another_kernel_is_made_again(tmp_path, monkeypatch, capsys, module, name, value, reason):
     folder = tiny_folder(tmp_path / "tiny", seed=0)
     load_model(str(folder), quant="int4")
-    monkeypatch.setattr(quant4, "packed_layout", lambda: "torch 0.0 OTHER")
+    monkeypatch.setattr(module, name, lambda: value)
     capsys.readouterr()
     remade = load_model(str(folder), quant="int4")
-    assert remade.source == "folder" and "it changed since its int4 copy was made" in capsys.readouterr().err
+    assert remade.source == "folder" and reason in capsys.readouterr().err
+    assert load_model(str(folder), quant="int4").source == "cache (int4)"
 
 
 # A tiny llama GGUF with the default target's mix of types, at widths whole in q4_K's 256-wide blocks.
