@@ -140,5 +140,5 @@ def test_bad_input_is_one_clear_line_before_any_model_loads(capsys, monkeypatch,
 
 def test_an_unknown_quantization_is_refused_by_the_parser(capsys):
     with pytest.raises(SystemExit):
-        main(["quality", "--target", "any", "--quant", "int4"])
-    assert "invalid choice: 'int4'" in capsys.readouterr().err.strip().splitlines()[-1]
+        main(["quality", "--target", "any", "--quant", "int3"])
+    assert "invalid choice: 'int3'" in capsys.readouterr().err.strip().splitlines()[-1]
