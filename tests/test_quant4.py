@@ -207,13 +207,13 @@ def test_a_folder_loads_as_int4_then_from_its_store_bit_for_bit(tmp_path, monkey
     assert torch.equal(stored.model(FOLDER_IDS).logits, first.model(FOLDER_IDS).logits)
     again = quantize_int4(load_model(str(folder), dtype="float32").model)
     assert torch.equal(stored.model(FOLDER_IDS).logits, again(FOLDER_IDS).logits)
-    draft = load_draft(str(folder), stored)  # a model draft follows the int4 target
+    draft = load_draft(str(folder), load_model(str(folder), quant="int8"), dtype="int4")  # an int8 target's draft
     assert draft.dtype == "int4" and any(isinstance(m, Int4Linear) for m in draft.model.modules())
-    assert load_draft(str(folder), stored, dtype="bfloat16").dtype == "int4"  # a float draft: the target's form
-    int8_target = load_model(str(folder), quant="int8")
-    assert load_draft(str(folder), int8_target, dtype="int4").dtype == "int4"  # an int4 draft for an int8 target
-    with pytest.raises(ValueError, match="CPU"):
+    assert load_model(str(folder), dtype="int4").source == "cache (int4)"  # dtype int4 = quant int4
+    with pytest.raises(ValueError, match="quantizes float32"):
         load_model(str(folder), quant="int4", dtype="bfloat16")
+    with pytest.raises(ValueError, match="CPU only"):
+        load_model(str(folder), dtype="int4", device="cuda")
 
 
 @pytest.mark.parametrize("module, name, value, reason", [
