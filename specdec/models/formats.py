@@ -1,7 +1,7 @@
 """Which weight format runs a model fastest on this machine: measured here, never read off CPU flags.
 
 The formats (`FORMATS`): float32; bfloat16; int8, the row-invariant integer path of `specdec.models.quant`
-(verification rows bitwise one-token steps, so greedy output equals the target alone by construction); and
+(verification rows bitwise one-token steps, so greedy output equals the target alone by construction);
 int8-dynamic, fbgemm's own dynamic quantization (`quant.couple_rows`: one op per layer, rows not independent);
 and int4, 4-bit weights read straight from a GGUF (`specdec.models.quant4`, row-invariant too), taken only when
 asked for (ASKED_ONLY).
