@@ -106,3 +106,15 @@ def test_a_quantized_draft_keeps_the_targets_sampling_law():
         eos_token_id=[]).token_ids)
     assert chi_square_p_value(first, first_law) > 1e-3
     assert chi_square_p_value(second, second_law) > 1e-3
+
+
+def test_a_target_format_with_a_fast_step_but_a_costly_verification_does_not_win(monkeypatch):
+    """int4's one-token step beats int8's, its 5-token verification costs far more: the target keeps int8."""
+    timings = TIMINGS + [FormatTiming("int4", 0.12, 0.40)]
+    monkeypatch.setattr(formats, "time_formats", lambda config, candidates, **kw: [
+        t for t in timings if t.format in candidates])
+    assert "int4" in formats.candidates("cpu") and "int4" not in formats.candidates("cuda")
+    assert formats.choose_format(tiny_config("qwen2"), "target").chosen == "int8"
+    monkeypatch.setattr(formats, "time_formats", lambda config, candidates, **kw: [
+        t if t.format != "int4" else FormatTiming("int4", 0.12, 0.14) for t in timings if t.format in candidates])
+    assert formats.choose_format(tiny_config("qwen2"), "target", recalibrate=True).chosen == "int4"

@@ -3,16 +3,17 @@
 The formats (`FORMATS`): float32; bfloat16; int8, the row-invariant integer path of `specdec.models.quant`
 (verification rows bitwise one-token steps, so greedy output equals the target alone by construction);
 int8-dynamic, fbgemm's own dynamic quantization (`quant.couple_rows`: one op per layer, rows not independent);
-and int4, 4-bit weights read straight from a GGUF (`specdec.models.quant4`, row-invariant too), taken only when
-asked for (ASKED_ONLY).
+and int4, 4-bit weights read straight from a GGUF (`specdec.models.quant4`, row-invariant too).
 
 `choose_format(config, role)` times each candidate on a random-weight model of `config`'s real architecture
 (v(n) and c depend on shapes, not values) at two depths, LAYERS, and extrapolates to the model's depth:
 t(L) = fixed + L·per_layer, so the head, the embeddings and every layer's shapes are those of the real model
 while a calibration takes seconds. The rule:
 
-- a target takes the fastest format whose verification rows are its one-token steps (ROW_INVARIANT), and the
-  fastest of all only where none is available;
+- a target takes the format whose verification rows are its one-token steps (ROW_INVARIANT) with the least time
+  for a one-token step plus a VERIFY_ROWS-token verification (`FormatTiming.target_s`: the target alone's price
+  and a round's, so a fast step with a costly verification does not win), and the fastest of all only where no
+  row-invariant format is available;
 - a draft takes the fastest format of all: verification decides the output, so a draft's precision never changes
   it, only how often its tokens pass.
 
@@ -41,8 +42,6 @@ from specdec.models.speed import apply_speed_levers
 FORMATS = ("float32", "bfloat16", "int8", "int8-dynamic", "int4")  # weight formats a model can run in here
 ROW_INVARIANT = ("int8", "int4")  # formats whose verification rows are bitwise one-token steps
 CPU_ONLY = ("int8", "int8-dynamic", "int4")  # formats with CPU kernels only
-ASKED_ONLY = ("int4",)  # never an auto choice: another model than the float one (4-bit weights), and its fast
-# one-token step hides a verification of several steps (docs/int4.md), which a choice by step time would miss
 ROLES = ("target", "draft")
 LAYERS = (1, 4)  # depths timed; the model's depth is extrapolated from these two
 CONTEXT = 64  # tokens in the cache before each timed forward
@@ -58,6 +57,11 @@ class FormatTiming:
     format: str
     step_s: float  # a one-token forward after CONTEXT tokens
     verify_s: float  # a VERIFY_ROWS-token forward after CONTEXT tokens
+
+    @property
+    def target_s(self) -> float:
+        """What a target is chosen by: a plain step plus a verification of VERIFY_ROWS tokens."""
+        return self.step_s + self.verify_s
 
     @property
     def verify_steps(self) -> float:
@@ -91,7 +95,7 @@ DRAFT_ONLY = ("int8-dynamic",)  # formats whose rows are not independent: never 
 
 def candidates(device: str = "cpu") -> tuple[str, ...]:
     """The formats "auto" times on `device` (all at once; each role then takes its own pick)."""
-    return tuple(f for f in FORMATS if f not in ASKED_ONLY and (device == "cpu" or f not in CPU_ONLY))
+    return tuple(f for f in FORMATS if device == "cpu" or f not in CPU_ONLY)
 
 
 def choose_format(config, role: str, *, device: str = "cpu", recalibrate: bool = False,
@@ -117,12 +121,10 @@ def _choose(role: str, timings: list[FormatTiming], key: str, measured_now: bool
         return FormatChoice(role, fastest.format, "the fastest here; a draft's precision never changes the output",
                             timings, key, measured_now)
     exact = [t for t in timings if t.format in ROW_INVARIANT]
-    if exact:
-        best = min(exact, key=lambda t: t.step_s)
-        return FormatChoice(role, best.format, "the fastest here whose verification rows are its one-token steps",
-                            timings, key, measured_now)
-    return FormatChoice(role, fastest.format, "the fastest here (no row-invariant format on this device)",
-                        timings, key, measured_now)
+    best = min(exact or timings, key=lambda t: t.target_s)
+    reason = ("the fastest here, step plus verification, whose verification rows are its one-token steps" if exact
+              else "the fastest here, step plus verification (no row-invariant format on this device)")
+    return FormatChoice(role, best.format, reason, timings, key, measured_now)
 
 
 def time_formats(config, formats, *, device: str = "cpu", repeats: int = REPEATS) -> list[FormatTiming]:
