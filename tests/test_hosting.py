@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 
 import gradio as gr
 import pytest
 
+from specdec.core.limits import Budget
 from specdec.dashboard import handlers
 from specdec.dashboard.config import AppConfig
 from specdec.dashboard.hub import ModelHub
@@ -61,7 +63,7 @@ def test_good_inputs_are_kept_exactly(field, value):
 
 
 def test_the_time_limit_and_stop_while_queued():
-    token = StopToken(time_limit_s=0.0)
+    token = StopToken(Budget(seconds=0.0))
     assert not token.running() and "time limit" in token.reason
     control = RunControl()
     control.queued()
@@ -114,10 +116,40 @@ def test_the_api_handler_refuses_bad_input_as_a_gr_error(tiny, field, value, mes
 
 
 def test_the_api_handler_stops_at_the_time_limit(tiny):
+    """The limit covers the whole request: past it, even before the first round, the answer is one clear line."""
     hub, paths = tiny
     limited = ModelHub(AppConfig(max_new_tokens_cap=16, time_limit_s=0), pool=hub.pool)
-    result = handlers.speculate(limited, paths["target"], paths["draft"], "hello", 1, 16, 0.0, 0)
-    assert result["stopped_early"] and len(result["rounds"]) == 1
+    with pytest.raises(gr.Error, match="time limit of 0 s while loading the target"):
+        handlers.speculate(limited, paths["target"], paths["draft"], "hello", 1, 16, 0.0, 0)
+
+
+class SlowHub(ModelHub):
+    """A hub whose calibration takes longer than the host's time limit (a draft column past the deadline)."""
+
+    def costs(self, target, draft, progress=None, budget=Budget()):
+        time.sleep(self.config.time_limit_s + 0.2)
+        return super().costs(target, draft, progress, budget)
+
+
+def test_compare_stops_between_columns_and_skips_the_baseline_past_the_time_limit(tiny):
+    hub, paths = tiny
+    hub.target(paths["target"])  # loaded before the clock starts
+    slow = SlowHub(AppConfig(max_new_tokens_cap=16, time_limit_s=1), pool=hub.pool)
+    views = list(compare.compare(slow, paths["target"], "hello", 2, 8, paths["draft"], "as is", "lookup", "as is",
+                                  "self:1", "as is"))
+    *panels, table, _chart, status = views[-1]
+    assert "time limit" in status and "not measured" in status and table is None
+    assert panels[1:] == ["<em>not run</em>"] * 2  # the columns after the deadline never ran
+
+
+def test_a_prompt_is_capped_in_tokens_before_it_is_read(tiny):
+    """Rare characters are several tokens each: a prompt within the character cap can still be too long."""
+    hub, paths = tiny
+    capped = ModelHub(AppConfig(max_new_tokens_cap=16, max_prompt_chars=200, max_prompt_tokens=40), pool=hub.pool)
+    prompt = "鬱龘靐齉" * 10  # 40 characters, about three byte-level tokens each
+    with pytest.raises(gr.Error, match=r"prompt is \d+ tokens; at most 40"):
+        handlers.speculate(capped, paths["target"], paths["draft"], prompt, 2, 4, 0.0, 0)
+    assert handlers.speculate(capped, paths["target"], paths["draft"], "hello", 2, 4, 0.0, 0)["token_ids"]
 
 
 def test_the_compare_error_panel_escapes_names_and_messages(tiny):

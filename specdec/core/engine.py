@@ -1,7 +1,7 @@
 """Speculative decoding and its honest baseline, on one set of cache machinery.
 
 Recipe of `speculative_generate` (Leviathan et al. 2023; Chen et al. 2023):
-1. prefill: both models read the prompt except its last token;
+1. prefill: both models read the prompt except its last token (in chunks, the request's `Budget` checked between);
 2. each round, the drafter proposes n <= k tokens that continue the context;
 3. the target reads the pending context tokens plus the n drafts in ONE forward and returns
    n+1 next-token distributions;
@@ -20,12 +20,13 @@ from specdec.core.costmodel import CostModel
 from specdec.core.drafter import Drafter, NoDraft, Proposal, SamplingPolicy, as_drafter
 from specdec.core.inputs import prepare_prompt, resolve_eos, unwrap
 from specdec.core.kv import CachedLM
-from specdec.core.limits import K_MAX
+from specdec.core.limits import K_MAX, Budget
 from specdec.core.schedule import AdaptiveK, FixedK
 from specdec.core.trace import DecodeStats, GenerationResult, Round
 from specdec.core.verify import Verdict, verify_greedy, verify_sampling
 
 TOP_KEPT = 2  # target logits kept per verification row (enough to explain a greedy near-tie)
+PREFILL_CHUNK = 256  # prompt tokens per prefill forward: a request's deadline is checked between chunks
 
 OnRound = Callable[[Round], "bool | None"]  # return False to stop after this round
 
@@ -44,6 +45,7 @@ def speculative_generate(
     on_round: OnRound | None = None,
     tokenizer=None,
     costs: CostModel | None = None,
+    budget: Budget = Budget(),
 ) -> GenerationResult:
     """Generate with `draft` proposing k tokens per round and `target` verifying them.
 
@@ -57,7 +59,8 @@ def speculative_generate(
     a tokenizer is given or attached. Greedy output (temperature 0) is token-identical to the target
     alone; with temperature > 0 the output law is the target's (lossless rejection sampling).
     on_round(round) is called after each round (its time is not counted in the stats); returning
-    False stops the generation.
+    False stops the generation. budget: the request's prompt-token cap and deadline, checked before and during
+    the prefill (a BudgetExceeded); the rounds stop through on_round.
     """
     schedule = AdaptiveK(costs) if k == "auto" else FixedK(k)
     if k != "auto" and (not isinstance(k, int) or not 1 <= k <= K_MAX):
@@ -65,7 +68,7 @@ def speculative_generate(
     target_model, tokenizer = unwrap(target, tokenizer)
     drafter = as_drafter(draft, target_model)
     return _generate(target_model, drafter, input_ids, schedule, max_new_tokens, temperature, top_p, seed,
-                     eos_token_id, on_round, tokenizer, costs)
+                     eos_token_id, on_round, tokenizer, costs, budget)
 
 
 def autoregressive_generate(
@@ -79,21 +82,23 @@ def autoregressive_generate(
     eos_token_id: int | list[int] | None = None,
     on_round: OnRound | None = None,
     tokenizer=None,
+    budget: Budget = Budget(),
 ) -> GenerationResult:
     """The target alone, one token per forward, with the same KV cache and sampling code."""
     target_model, tokenizer = unwrap(target, tokenizer)
     return _generate(target_model, NoDraft(), input_ids, FixedK(0), max_new_tokens, temperature, top_p, seed,
-                     eos_token_id, on_round, tokenizer, None)
+                     eos_token_id, on_round, tokenizer, None, budget)
 
 
 def _generate(target_model, drafter, input_ids, schedule, max_new_tokens, temperature, top_p, seed,
-              eos_token_id, on_round, tokenizer, costs) -> GenerationResult:
+              eos_token_id, on_round, tokenizer, costs, budget) -> GenerationResult:
     prompt = prepare_prompt(input_ids, target_model, tokenizer, max_new_tokens, schedule.k_max)
+    budget.check_prompt(len(prompt))
     policy = _policy(target_model, temperature, top_p, seed)
     eos = resolve_eos(target_model, eos_token_id)
     verifier = CachedLM(target_model)
     start = time.perf_counter()
-    prefill_time = drafter.prefill(prompt) + verifier.prefill(prompt)
+    prefill_time = _prefill(drafter, prompt, budget) + _prefill(verifier, prompt, budget)
     emitted: list[int] = []
     rounds: list[Round] = []
     stopped_early = False
@@ -116,6 +121,16 @@ def _generate(target_model, drafter, input_ids, schedule, max_new_tokens, temper
         draft_forwards=drafter.forwards)
     text = tokenizer.decode(emitted, skip_special_tokens=True) if tokenizer is not None else None
     return GenerationResult(emitted, rounds, stats, text, stopped_early)
+
+
+def _prefill(reader, prompt: list[int], budget: Budget) -> float:
+    """`reader.prefill(prompt)` PREFILL_CHUNK tokens at a time, the budget checked before each chunk: each call
+    reads one more chunk of the prompt, the prefix already cached is kept (`specdec.core.kv`). Returns seconds."""
+    seconds = 0.0
+    for end in [*range(1 + PREFILL_CHUNK, len(prompt), PREFILL_CHUNK), len(prompt)]:
+        budget.check("reading the prompt")
+        seconds += reader.prefill(prompt[:end])
+    return seconds
 
 
 def _round(verifier: CachedLM, drafter: Drafter, context: list[int], n: int,

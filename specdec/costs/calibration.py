@@ -31,7 +31,7 @@ from specdec.core.costmodel import CostModel, TargetCosts
 from specdec.core.drafter import Drafter, NoDraft, SamplingPolicy, as_drafter
 from specdec.core.inputs import unwrap, vocab_size
 from specdec.core.kv import CachedLM
-from specdec.core.limits import K_AUTO_MAX
+from specdec.core.limits import K_AUTO_MAX, Budget
 from specdec.models import cache
 from specdec.models.quant import is_quantized
 from specdec.models.speed import set_rows_first
@@ -39,15 +39,17 @@ from specdec.models.speed import set_rows_first
 CONTEXT_TOKENS = 64  # tokens in the cache before each timed forward (a short prompt plus some output)
 REPEATS = 3  # timed forwards per size; the median is kept
 N_MAX = K_AUTO_MAX + 1  # largest verification size calibrated: k_max drafts plus the target's own token
+MEASURING = "measuring what verification and drafting cost on this machine"  # what a BudgetExceeded says
 METHOD = 3  # bump when what a calibration measures changes (3: rows-first chosen per size, target and draft)
 
 
 def calibrate(target, draft=None, *, n_max: int = N_MAX, repeats: int = REPEATS, recalibrate: bool = False,
-              cache_dir: str | Path | None = None) -> CostModel:
+              cache_dir: str | Path | None = None, budget: Budget = Budget()) -> CostModel:
     """The CostModel of `target` with `draft` (a model, LoadedModel, Drafter, or None for no draft).
 
     Cached results are returned unless `recalibrate`; a fresh measurement takes about
-    (n_max + 1) * repeats target forwards plus a few draft forwards.
+    (n_max + 1) * repeats target forwards plus a few draft forwards, `budget` checked before each
+    (BudgetExceeded: nothing is stored, the next call measures again).
     """
     target_model, _ = unwrap(target, None)
     drafter = NoDraft() if draft is None else as_drafter(draft, target_model)
@@ -57,7 +59,7 @@ def calibrate(target, draft=None, *, n_max: int = N_MAX, repeats: int = REPEATS,
     cached = _cached(folder, target_key, recalibrate)
     fresh = cached is None
     if fresh:
-        step_s, verify, rows_first = measure_verification(target_model, n_max, repeats)
+        step_s, verify, rows_first = measure_verification(target_model, n_max, repeats, budget)
         target_costs = TargetCosts(step_s, verify, target_key, rows_first)
         _store(folder, target_key, asdict(target_costs))
     else:
@@ -66,8 +68,8 @@ def calibrate(target, draft=None, *, n_max: int = N_MAX, repeats: int = REPEATS,
     stored = None if recalibrate or fresh else _cached(folder, draft_key, False)
     draft_model = _own_model(drafter, target_model)
     if stored is None:
-        rows_first = measure_verification(draft_model, 2, repeats)[2] if draft_model is not None else []
-        stored = {"draft_cost": measure_draft_step(target_model, drafter, repeats) / target_costs.step_s,
+        rows_first = measure_verification(draft_model, 2, repeats, budget)[2] if draft_model is not None else []
+        stored = {"draft_cost": measure_draft_step(target_model, drafter, repeats, budget) / target_costs.step_s,
                   "rows_first": rows_first}
         _store(folder, draft_key, stored)
         fresh = True
@@ -84,7 +86,8 @@ def _own_model(drafter: Drafter, target_model: torch.nn.Module) -> torch.nn.Modu
     return None if any(p.data_ptr() in target_tensors for p in drafter.model.parameters()) else drafter.model
 
 
-def measure_verification(model: torch.nn.Module, n_max: int, repeats: int) -> tuple[float, list[float], list[int]]:
+def measure_verification(model: torch.nn.Module, n_max: int, repeats: int,
+                         budget: Budget = Budget()) -> tuple[float, list[float], list[int]]:
     """(one-token step seconds, [v(1) .. v(n_max)], sizes where rows-first wins): sizes interleaved, medians kept.
 
     A float32 model with rows-first Linears (`specdec.models.speed`) is timed both ways at every size, in
@@ -100,6 +103,7 @@ def measure_verification(model: torch.nn.Module, n_max: int, repeats: int) -> tu
         order = list(range(1, n_max + 1))
         for n in order[repeat % n_max:] + order[:repeat % n_max]:  # rotate, so drift spreads over sizes
             for mode in modes:
+                budget.check(MEASURING)
                 set_rows_first(model, range(2, n_max + 1) if mode else ())
                 seconds[(n, mode)].append(_time_forward(lm, base, n))
     best = {n: min(modes, key=lambda m: statistics.median(seconds[(n, m)])) for n in range(1, n_max + 1)}
@@ -107,7 +111,8 @@ def measure_verification(model: torch.nn.Module, n_max: int, repeats: int) -> tu
     return medians[0], [m / medians[0] for m in medians], [n for n in range(2, n_max + 1) if best[n]]
 
 
-def measure_draft_step(target_model: torch.nn.Module, drafter: Drafter, repeats: int) -> float:
+def measure_draft_step(target_model: torch.nn.Module, drafter: Drafter, repeats: int,
+                       budget: Budget = Budget()) -> float:
     """Median seconds per draft forward of a one-token proposal (a model-free drafter: per proposal).
 
     The context repeats no token, so a hybrid's prompt lookup finds nothing and its model drafts."""
@@ -117,6 +122,7 @@ def measure_draft_step(target_model: torch.nn.Module, drafter: Drafter, repeats:
     drafter.propose(context, 1, policy)  # warm-up
     per_forward = []
     for _ in range(repeats):
+        budget.check(MEASURING)
         proposal = drafter.propose(context, 1, policy)
         per_forward.append(proposal.time_s / max(proposal.forwards, 1))
     return statistics.median(per_forward)

@@ -10,6 +10,7 @@ Every knob a host needs (a laptop, a free CPU Hugging Face Space) is an environm
 | SPECDEC_ALLOW_CUSTOM_MODELS | allow_custom_models | 1 on a loopback host (127.x, localhost, ::1), else 0 |
 | SPECDEC_MAX_NEW_TOKENS | max_new_tokens_cap | 256 |
 | SPECDEC_MAX_PROMPT_CHARS | max_prompt_chars | 4000 |
+| SPECDEC_MAX_PROMPT_TOKENS | max_prompt_tokens | 1024 |
 | SPECDEC_TIME_LIMIT_S | time_limit_s | 120 |
 | SPECDEC_CONCURRENCY | concurrency | 1 |
 | SPECDEC_QUEUE_SIZE | queue_size | 16 |
@@ -25,7 +26,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from specdec.core.limits import K_UI_MAX
+from specdec.core.limits import K_UI_MAX, Budget
 
 SUMMARY_PROMPT = (  # a summary repeats the text's phrases: what prompt lookup drafts from
     "Text: The city council voted on Tuesday to extend the bicycle lane network by 40 kilometres over the next "
@@ -59,8 +60,9 @@ class AppConfig:
     allowed_models: tuple[str, ...] = ()  # catalogue names offered; empty = the whole catalogue
     allow_custom_models: bool = True  # accept free-text model folders / .gguf paths / hub ids
     max_new_tokens_cap: int = 256  # largest max_new_tokens a visitor may ask for
-    max_prompt_chars: int = 4000  # longest prompt a visitor may send (it is prefilled, then again for the baseline)
-    time_limit_s: int = 120  # wall time of one request's decodes; past it the decode stops after its round
+    max_prompt_chars: int = 4000  # longest prompt text a visitor may send (checked before it is tokenized)
+    max_prompt_tokens: int = 1024  # longest prompt in the target's tokens (it is prefilled, then again for the baseline)
+    time_limit_s: int = 120  # wall time of one request: loading, calibration, prefill and every decode of it
     concurrency: int = 1  # decodes running at once (each holds the CPU); the rest wait in the queue
     queue_size: int = 16  # requests waiting at most; one more is refused with a "busy" message
     dtype: str = "auto"  # weights dtype of every model the app loads (auto: specdec.models.resolve_dtype)
@@ -84,6 +86,7 @@ class AppConfig:
             allow_custom_models=_flag(environ, "SPECDEC_ALLOW_CUSTOM_MODELS", loopback(host)),
             max_new_tokens_cap=_integer(environ, "SPECDEC_MAX_NEW_TOKENS", cls.max_new_tokens_cap, 1, 4096),
             max_prompt_chars=_integer(environ, "SPECDEC_MAX_PROMPT_CHARS", cls.max_prompt_chars, 1, 1_000_000),
+            max_prompt_tokens=_integer(environ, "SPECDEC_MAX_PROMPT_TOKENS", cls.max_prompt_tokens, 1, 1_000_000),
             time_limit_s=_integer(environ, "SPECDEC_TIME_LIMIT_S", cls.time_limit_s, 1, 86_400),
             concurrency=_integer(environ, "SPECDEC_CONCURRENCY", cls.concurrency, 1, 64),
             queue_size=_integer(environ, "SPECDEC_QUEUE_SIZE", cls.queue_size, 1, 10_000),
@@ -97,6 +100,10 @@ class AppConfig:
         if config.dtype not in DTYPES:
             raise ValueError(f"SPECDEC_DTYPE must be one of {', '.join(DTYPES)}, got {config.dtype!r}")
         return config
+
+    def request_budget(self) -> Budget:
+        """The budget of a request starting now: this host's time limit and prompt-token cap."""
+        return Budget(self.time_limit_s, self.max_prompt_tokens)
 
 
 def loopback(host: str) -> bool:

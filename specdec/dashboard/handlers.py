@@ -12,6 +12,7 @@ import inspect
 import gradio as gr
 
 from specdec.core.engine import autoregressive_generate, speculative_generate
+from specdec.core.limits import Budget
 from specdec.core.trace import GenerationResult
 from specdec.costs.waterfall import Step
 from specdec.lab import plots as figures
@@ -55,24 +56,31 @@ def speculate(hub: ModelHub, target, draft, prompt, k, max_new_tokens, temperatu
     """API `speculate`: one speculative decode as JSON (GenerationResult.to_dict(): token ids, text, rounds, stats)."""
     request = DecodeRequest.from_inputs(target, draft, prompt, k, max_new_tokens, temperature, 1.0,
                                         seed).checked(hub.config)
-    target_model, draft_model = hub.pair(request.target, request.draft)
-    token = StopToken(hub.config.time_limit_s)
-    costs = hub.costs(target_model, draft_model)
-    return run_speculative(target_model, draft_model, request, token.running, costs).to_dict()
+    token = StopToken(hub.config.request_budget())
+    target_model, draft_model = hub.pair(request.target, request.draft, budget=token.budget)
+    check_prompt(target_model, request, token.budget)
+    costs = hub.costs(target_model, draft_model, budget=token.budget)
+    return run_speculative(target_model, draft_model, request, token.running, costs, token.budget).to_dict()
 
 
-def run_speculative(target_model, draft_model, request: DecodeRequest, on_round=None, costs=None) -> GenerationResult:
-    """The engine's speculative decode of `request` with a loaded pair."""
+def run_speculative(target_model, draft_model, request: DecodeRequest, on_round=None, costs=None,
+                    budget: Budget = Budget()) -> GenerationResult:
+    """The engine's speculative decode of `request` with a loaded pair, within the request's `budget`."""
     return speculative_generate(target_model, draft_model, request.prompt, k=request.k,
                                 max_new_tokens=request.max_new_tokens, temperature=request.temperature,
-                                top_p=request.top_p, seed=request.seed, on_round=on_round, costs=costs)
+                                top_p=request.top_p, seed=request.seed, on_round=on_round, costs=costs, budget=budget)
 
 
-def run_baseline(target_model, request: DecodeRequest, new_tokens: int, on_round=None) -> GenerationResult:
-    """The target alone on the same prompt and settings, for `new_tokens` tokens."""
+def run_baseline(target_model, request: DecodeRequest, new_tokens: int, token: StopToken) -> GenerationResult:
+    """The target alone on the same prompt and settings, for `new_tokens` tokens, within the request's budget."""
     return autoregressive_generate(target_model, request.prompt, max_new_tokens=max(1, new_tokens),
                                    temperature=request.temperature, top_p=request.top_p, seed=request.seed,
-                                   on_round=on_round)
+                                   on_round=token.running, budget=token.budget)
+
+
+def check_prompt(target_model, request: DecodeRequest, budget: Budget) -> None:
+    """The request's prompt within the budget's token cap, in the target's tokens (before any draft or prefill)."""
+    budget.check_prompt(len(target_model.tokenizer(request.prompt)["input_ids"]))
 
 
 def waterfall_figure(steps: list[Step], title: str = "from the bound to the measurement"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from specdec import models
 from specdec.core.costmodel import CostModel
+from specdec.core.limits import Budget
 from specdec.costs.calibration import calibrate
 from specdec.drafters import HYBRID_SUFFIX, DraftSpec, Vocabulary
 from specdec.models import aligned, entries
@@ -115,32 +116,42 @@ class ModelHub:
                              "disabled on this host, SPECDEC_ALLOW_CUSTOM_MODELS=0)")
         return name
 
-    def target(self, name: str, progress=None):
-        """The loaded target (a specdec LoadedModel); a first load reports its stages to `progress`."""
+    def target(self, name: str, progress=None, budget: Budget = Budget()):
+        """The loaded target (a specdec LoadedModel); a first load reports its stages to `progress`.
+
+        The request's `budget` is checked once it is loaded (a load itself runs to its end: the next request
+        finds the model in the pool)."""
         name = self.check(name, "target")
         if progress is not None:
             progress(0.0, desc=f"loading target {name} (a first load can take a minute)…")
-        return self.pool.get(name, dtype=self.config.dtype, progress=stages(progress))
+        loaded = self.pool.get(name, dtype=self.config.dtype, progress=stages(progress))
+        budget.check("loading the target")
+        return loaded
 
-    def draft(self, name: str, target, bridge: Vocabulary | str = Vocabulary.AUTO, progress=None):
-        """A draft for `target`; `bridge` (a Vocabulary) says how it meets the target's vocabulary."""
+    def draft(self, name: str, target, bridge: Vocabulary | str = Vocabulary.AUTO, progress=None,
+              budget: Budget = Budget()):
+        """A draft for `target`; `bridge` (a Vocabulary) says how it meets the target's vocabulary; `budget` as in
+        `target`."""
         name = self.check(name, "draft")
         vocabulary = Vocabulary.of(bridge)
         if progress is not None:
             progress(0.5, desc=f"loading draft {name}…")
-        return self.pool.draft(name, target, dtype=self.config.dtype, bridge=vocabulary, progress=stages(progress))
+        draft = self.pool.draft(name, target, dtype=self.config.dtype, bridge=vocabulary, progress=stages(progress))
+        budget.check("loading the draft")
+        return draft
 
-    def costs(self, target, draft, progress=None) -> CostModel:
+    def costs(self, target, draft, progress=None, budget: Budget = Budget()) -> CostModel:
         """The pair's calibrated costs (v(n), c): measured once per machine and cached on disk."""
         if progress is not None:
             progress(0.9, desc="measuring what verification and drafting cost on this machine "
                                "(once per model pair, about (k+2)·3 target forwards)…")
-        return calibrate(target, draft)
+        return calibrate(target, draft, budget=budget)
 
-    def pair(self, target_name: str, draft_name: str, bridge: str = "auto", progress=None):
+    def pair(self, target_name: str, draft_name: str, bridge: str = "auto", progress=None,
+             budget: Budget = Budget()):
         """(target, draft) ready for specdec.speculative_generate."""
-        target = self.target(target_name, progress)
-        return target, self.draft(draft_name, target, bridge=bridge, progress=progress)
+        target = self.target(target_name, progress, budget)
+        return target, self.draft(draft_name, target, bridge=bridge, progress=progress, budget=budget)
 
     def memory(self) -> str:
         """One status line: the models held and the memory budget they share."""

@@ -2,8 +2,9 @@
 
 The engine calls `on_round` after every round; the decode runs in a worker thread whose rounds
 reach the (generator) handler through a queue, so the page updates while the target verifies.
-Stop sets the session's `StopToken`, and so does the host's time limit once it passes; `on_round`
-then returns False and the engine ends cleanly after the current round (result.stopped_early = True).
+Stop sets the session's `StopToken`, and so does the request's `Budget` once its time limit passes; `on_round`
+then returns False and the engine ends cleanly after the current round (result.stopped_early = True). Work
+before the first round (loading, calibration, prefill) checks the same budget and stops with a BudgetExceeded.
 The worker hands any error (BaseException included) to the consumer, so a slot is always released.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from specdec.core.costmodel import CostModel
+from specdec.core.limits import Budget
 from specdec.core.schedule import mean_draft_length
 from specdec.core.trace import DecodeStats, GenerationResult, Round
 
@@ -77,16 +79,16 @@ class DecodeRequest:
 
 
 class StopToken:
-    """Stop flag of one request's decodes; the Stop button or the time limit sets it, `running` reads it."""
+    """Stop flag of one request's decodes; the Stop button or the budget's time limit sets it, `running` reads it."""
 
-    def __init__(self, time_limit_s: float | None = None):
+    def __init__(self, budget: Budget = Budget()):
+        self.budget = budget  # the request's prompt-token cap and deadline
         self.stopped = False  # True once Stop was pressed, the page went away or the time limit passed
         self.reason = "stopped by you"  # what the status line says when stopped
-        self.deadline = None if time_limit_s is None else time.monotonic() + time_limit_s  # monotonic seconds
 
     def running(self, _round: Round | None = None) -> bool:
         """The engine's `on_round`: False once stopped (the time limit is checked here)."""
-        if not self.stopped and self.deadline is not None and time.monotonic() > self.deadline:
+        if not self.stopped and self.budget.expired():
             self.stopped, self.reason = True, "stopped at this host's time limit (SPECDEC_TIME_LIMIT_S)"
         return not self.stopped
 
@@ -103,9 +105,9 @@ class RunControl:
         """Run was clicked (called at once, before the request waits in the queue)."""
         self.waiting, self.stopped_while_waiting = True, False
 
-    def start(self, time_limit_s: float | None = None) -> StopToken:
+    def start(self, budget: Budget = Budget()) -> StopToken:
         """A fresh flag for a starting request (already set if Stop came while it was queued)."""
-        self.token = StopToken(time_limit_s)
+        self.token = StopToken(budget)
         if self.stopped_while_waiting:
             self.token.stopped, self.token.reason = True, "stopped by you before it started"
         self.waiting = self.stopped_while_waiting = False

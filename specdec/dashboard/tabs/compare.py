@@ -22,7 +22,7 @@ from specdec.dashboard import jobs
 from specdec.dashboard.chips import chips_html
 from specdec.dashboard.config import AppConfig, K_CHOICES, PROMPTS
 from specdec.dashboard.events import DECODE, on_gpu, private
-from specdec.dashboard.handlers import NO_DRAFT, run_baseline, run_speculative, user_errors
+from specdec.dashboard.handlers import NO_DRAFT, check_prompt, run_baseline, run_speculative, user_errors
 from specdec.dashboard.hub import VOCABULARIES, ModelHub, stages
 from specdec.dashboard.runs import DecodeRequest, StopToken
 
@@ -121,16 +121,21 @@ def compare(hub: ModelHub, target, prompt, k, max_new_tokens, *drafts_and_bridge
     if not chosen:
         raise ValueError("pick at least one draft to compare")
     request = DecodeRequest.from_inputs(target, chosen[0][1], prompt, k, max_new_tokens).checked(hub.config)
-    target_model = hub.target(request.target, progress=progress)
-    token = StopToken(hub.config.time_limit_s)
+    token = StopToken(hub.config.request_budget())
+    target_model = hub.target(request.target, progress=progress, budget=token.budget)
+    check_prompt(target_model, request, token.budget)
     panels = ["<em>not run</em>"] * columns
     results: dict[str, GenerationResult] = {}
     for i, name, bridge in chosen:
+        if not token.running():  # the time limit passed: the columns left are not run, nor the baseline
+            yield (*panels, None, None, f"{token.reason}: {len(results)} of {len(chosen)} draft(s) ran, the "
+                                        "target alone was not measured")
+            return
         yield (*panels, None, None, f"decoding with draft {i + 1}: {name} ({bridge})…")
         try:
-            draft = hub.draft(name, target_model, bridge=bridge)
+            draft = hub.draft(name, target_model, bridge=bridge, budget=token.budget)
             result = run_speculative(target_model, draft, DecodeRequest(**{**request.__dict__, "draft": name}),
-                                     token.running, hub.costs(target_model, draft))
+                                     token.running, hub.costs(target_model, draft, budget=token.budget), token.budget)
         except ValueError as error:  # one draft that cannot run says why; the others still run
             panels[i] = f'<div class="compare-error">⚠ {html.escape(f"{name} ({bridge}): {error}")}</div>'
             continue
@@ -139,11 +144,15 @@ def compare(hub: ModelHub, target, prompt, k, max_new_tokens, *drafts_and_bridge
     if not results:
         yield (*panels, None, None, "no draft could run: see the messages above")
         return
+    if not token.running():
+        yield (*panels, None, None, f"{token.reason}: the target alone was not measured")
+        return
     yield (*panels, None, None, "measuring the target alone…")
     longest = max(len(r.token_ids) for r in results.values())
-    baseline = run_baseline(target_model, request, longest, token.running)
+    baseline = run_baseline(target_model, request, longest, token)
+    note = f"{token.reason} while measuring the target alone" if token.stopped else "done"
     yield (*panels, comparison_table(results, baseline), comparison_chart(results, baseline),
-           f"done: {len(results)} draft(s) and the target alone ({baseline.stats.tokens_per_s:.2f} tokens/s)")
+           f"{note}: {len(results)} draft(s) and the target alone ({baseline.stats.tokens_per_s:.2f} tokens/s)")
 
 
 def comparison_table(results: dict[str, GenerationResult], baseline: GenerationResult) -> pd.DataFrame:

@@ -24,7 +24,7 @@ from specdec.lab.report import baseline_lines, round_rows
 from specdec.dashboard.chips import chips_html, legend_html
 from specdec.dashboard.config import AppConfig, K_CHOICES, PROMPTS
 from specdec.dashboard.events import DECODE, on_gpu, private
-from specdec.dashboard.handlers import run_baseline, run_speculative, user_errors, waterfall_figure
+from specdec.dashboard.handlers import check_prompt, run_baseline, run_speculative, user_errors, waterfall_figure
 from specdec.dashboard.hub import VOCABULARIES, ModelHub
 from specdec.dashboard.panels import round_table, stats_html
 from specdec.dashboard.runs import AUTO, DecodeRequest, RunControl, partial_result, stream
@@ -163,16 +163,17 @@ def live_decode(hub: ModelHub, target, draft, bridge, prompt, k, max_new_tokens,
     """
     request = DecodeRequest.from_inputs(target, draft, prompt, k, max_new_tokens,
                                         temperature if sampling else 0.0, top_p, seed).checked(hub.config)
-    token = control.start(hub.config.time_limit_s)
+    token = control.start(hub.config.request_budget())
     if token.stopped:  # Stop was pressed while this request waited in the queue
         yield LiveView(*[gr.skip()] * 6, token.reason)
         return
-    target_model, draft_model = hub.pair(request.target, request.draft, bridge, progress=progress)
-    costs = hub.costs(target_model, draft_model, progress=progress)
+    target_model, draft_model = hub.pair(request.target, request.draft, bridge, progress=progress, budget=token.budget)
+    check_prompt(target_model, request, token.budget)
+    costs = hub.costs(target_model, draft_model, progress=progress, budget=token.budget)
     tokenizer = target_model.tokenizer
     result = None
-    for update in stream(lambda on_round: run_speculative(target_model, draft_model, request, on_round, costs),
-                         token):
+    for update in stream(lambda on_round: run_speculative(target_model, draft_model, request, on_round, costs,
+                                                          token.budget), token):
         if isinstance(update, GenerationResult):
             result = update
             break
@@ -187,7 +188,7 @@ def live_decode(hub: ModelHub, target, draft, bridge, prompt, k, max_new_tokens,
         return
     yield live_view(result, tokenizer, request, "measuring the target alone on the same prompt and length…",
                     light=True)
-    baseline = run_baseline(target_model, request, len(result.token_ids), token.running)
+    baseline = run_baseline(target_model, request, len(result.token_ids), token)
     summary = "; ".join(baseline_lines(result, baseline, request.temperature == 0, target_model.dtype, tokenizer))
     remember(control, result, baseline, tokenizer)
     yield live_view(result, tokenizer, request, f"done: {len(result.token_ids)} tokens in {len(result.rounds)} "

@@ -21,7 +21,7 @@ from specdec.lab.position import PositionView, position_view
 
 from specdec.dashboard.chips import chips_html, token_label
 from specdec.dashboard.events import DECODE, private
-from specdec.dashboard.handlers import run_speculative, user_errors
+from specdec.dashboard.handlers import check_prompt, run_speculative, user_errors
 from specdec.dashboard.hub import ModelHub
 from specdec.dashboard.runs import DecodeRequest
 from specdec.dashboard.teach import Stepper
@@ -85,10 +85,13 @@ def step_start(hub, target, draft, bridge, prompt, k, max_new_tokens, sampling, 
     request = DecodeRequest.from_inputs(target, draft, prompt, k, max_new_tokens, temperature if sampling else 0.0,
                                         top_p, 0 if seed in (None, "") else seed).checked(hub.config)
     session.close()
-    target_model, draft_model = hub.pair(request.target, request.draft, bridge, progress=progress)
-    costs = hub.costs(target_model, draft_model, progress=progress)
+    budget = hub.config.request_budget()  # loading, calibration and the prefill (the rounds wait for clicks)
+    target_model, draft_model = hub.pair(request.target, request.draft, bridge, progress=progress, budget=budget)
+    check_prompt(target_model, request, budget)
+    costs = hub.costs(target_model, draft_model, progress=progress, budget=budget)
     session.request, session.target, session.draft = request, target_model, draft_model
-    session.stepper = Stepper(lambda on_round: run_speculative(target_model, draft_model, request, on_round, costs))
+    session.stepper = Stepper(lambda on_round: run_speculative(target_model, draft_model, request, on_round, costs,
+                                                               budget))
     return step_next(session)
 
 

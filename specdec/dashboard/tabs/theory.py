@@ -14,7 +14,7 @@ from specdec.lab import plots as figures
 
 from specdec.dashboard.config import AppConfig
 from specdec.dashboard.events import DECODE, on_gpu, private
-from specdec.dashboard.handlers import run_baseline, run_speculative, user_errors, waterfall_figure
+from specdec.dashboard.handlers import check_prompt, run_baseline, run_speculative, user_errors, waterfall_figure
 from specdec.dashboard.hub import ModelHub
 from specdec.dashboard.runs import DecodeRequest, StopToken, partial_result
 
@@ -91,15 +91,16 @@ def k_sweep(hub: ModelHub, target, draft, bridge, prompt, max_new_tokens, k_max,
     """
     ks = [k for k in SWEEP_KS if k <= int(k_max)]
     request = DecodeRequest.from_inputs(target, draft, prompt, ks[-1], max_new_tokens).checked(hub.config)
-    target_model, draft_model = hub.pair(request.target, request.draft, bridge, progress=progress)
-    costs = hub.costs(target_model, draft_model, progress=progress)
+    token = StopToken(hub.config.request_budget())
+    target_model, draft_model = hub.pair(request.target, request.draft, bridge, progress=progress, budget=token.budget)
+    check_prompt(target_model, request, token.budget)
+    costs = hub.costs(target_model, draft_model, progress=progress, budget=token.budget)
     slope = round(costs.verify_slope(), 3)
-    token = StopToken(hub.config.time_limit_s)
-    baseline = run_baseline(target_model, request, request.max_new_tokens, token.running)
+    baseline = run_baseline(target_model, request, request.max_new_tokens, token)
     sweep, rows, rounds = {"points": [], "verify": costs.target.verify}, [], []
     for k in ks:
         result = run_speculative(target_model, draft_model, DecodeRequest(**{**request.__dict__, "k": k}),
-                                 token.running, costs)
+                                 token.running, costs, token.budget)
         rounds.extend(result.rounds)
         sweep["points"].append((k, measured_speedup(result.stats, baseline.stats)))
         rows.append({"k": k, "α̂": round(result.stats.acceptance_rate, 3), "c": round(result.stats.cost_ratio, 3),
