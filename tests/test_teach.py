@@ -106,6 +106,19 @@ def test_position_view_matches_the_round_and_greedy_uses_the_argmax():
                     assert sum(view.residual) > 0 and view.target_token == r.target_token_id
 
 
+def test_position_view_computes_the_logits_of_the_shown_row_only():
+    target = tiny_model("llama", seed=0, context=512)
+    prompt = list(range(4, 100)) * 4  # 384 tokens
+    result = speculative_generate(target, perturbed_copy(target, 0.3), prompt, k=3, max_new_tokens=8)
+    shapes = []
+    hook = target.register_forward_hook(lambda module, args, output: shapes.append(tuple(output.logits.shape)))
+    try:
+        position_view(target, target, prompt, result, 1, 1)
+    finally:
+        hook.remove()
+    assert shapes and all(shape[1] == 1 for shape in shapes)  # [1, 1, V], never [1, 384, V]
+
+
 def test_waterfall_walks_from_eq1_through_the_bound_to_the_measurement():
     target = tiny_model("llama", seed=0)
     draft = perturbed_copy(target, 0.3)

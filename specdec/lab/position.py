@@ -74,8 +74,8 @@ def position_view(target, draft, prompt, result: GenerationResult, round_index: 
     prompt_ids = prepare_prompt(prompt, target_model, tokenizer, 1, 0)
     context = round_context(result, prompt_ids, round_index) + r.draft_token_ids[:position - 1]
     policy = SamplingPolicy(temperature, top_p, torch.Generator().manual_seed(0), vocab_size(target_model))
-    with torch.no_grad():
-        logits = target_model(torch.tensor([context])).logits[0, -1].float()  # [V]
+    with torch.no_grad():  # logits of the one row shown, not of every context position
+        logits = target_model(torch.tensor([context]), logits_to_keep=1).logits[0, -1].float()  # [V]
     p_target = policy.probs(logits)  # [V]
     drafted = r.draft_token_ids[position - 1] if position <= n else None
     p_draft = _draft_distribution(draft, target_model, context, policy) if drafted is not None \
