@@ -7,6 +7,7 @@ ones run as usual). The pause touches a sentinel file and sleeps; the parent wai
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 from tempfile import TemporaryDirectory
+from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 WAIT_S = 180  # a child importing torch and transformers on 2 busy cores takes seconds, not minutes
@@ -68,6 +70,20 @@ def kill_at(code: str, point: str, waiter: str | None = None, call: int = 1) -> 
             return None
         stdout, stderr = second.communicate(timeout=WAIT_S)
         return subprocess.CompletedProcess(second.args, second.returncode, stdout, stderr)
+
+
+@contextlib.contextmanager
+def paused(code: str, point: str = "pause", call: int = 1) -> Iterator[subprocess.Popen]:
+    """Run `code` until it reaches `point`, yield while it is paused there (alive), then SIGKILL it."""
+    with TemporaryDirectory() as folder:
+        sentinel = Path(folder) / "paused"
+        child = start(code, point, sentinel, call)
+        try:
+            _wait_for(sentinel, child)
+            yield child
+        finally:
+            child.send_signal(signal.SIGKILL)
+            child.communicate()
 
 
 def _wait_for(sentinel: Path, child: subprocess.Popen) -> None:

@@ -10,7 +10,7 @@ import torch
 
 from specdec.models import cache, load_model
 from specdec.testing import tiny_model
-from faults import kill_at
+from faults import kill_at, paused
 from test_models_gguf import IDS, write_tiny_gguf
 
 CONVERT = "from specdec.models import load_model; load_model({path!r}, dtype='float32')"
@@ -93,3 +93,44 @@ def test_a_partial_whose_writer_holds_the_lock_is_kept():
         partial.mkdir(parents=True)
         assert cache.clean_stale() == 0 and partial.is_dir()
     assert cache.clean_stale() == 1 and not partial.exists()
+
+
+LIVE_WRITER = ("from pathlib import Path; from specdec.models import cache\n"
+               "with cache.atomic_path(Path({final!r})) as partial:\n"
+               "    partial.mkdir(); (partial / 'draft.safetensors').write_bytes(b'half')\n"
+               "    pause()")
+
+
+def test_a_live_writer_s_partial_survives_cleanup_even_without_the_destination_lock():
+    """A distillation writes its checkpoints without `locked`: a model load's clean_stale must not delete them."""
+    final = cache.root() / "aligned-runs" / "job" / "checkpoint" / "step-00000010"
+    with paused(LIVE_WRITER.format(final=str(final))):
+        assert cache.clean_stale() == 0 and len(partials()) == 1
+        assert cache.clean_stale(final.parent) == 0 and len(partials()) == 1
+    assert cache.clean_stale() == 1 and partials() == [] and list(final.parent.iterdir()) == []
+
+
+REPLACE = ("import os; from pathlib import Path; from specdec.models import cache\n"
+           "replace, calls = os.replace, []\n"
+           "def paused_second(*args):\n"
+           "    calls.append(args)\n"
+           "    if len(calls) == 2: pause()  # the old folder is moved aside, the new one not yet in place\n"
+           "    replace(*args)\n"
+           "os.replace = paused_second\n"
+           "with cache.atomic_path(Path({final!r})) as partial:\n"
+           "    partial.mkdir(); (partial / 'version').write_text('2')")
+
+
+def test_a_kill_while_a_folder_is_replaced_keeps_the_old_one():
+    final = cache.root() / "aligned" / "draft"
+    with cache.atomic_path(final) as partial:
+        partial.mkdir()
+        (partial / "version").write_text("1")
+    kill_at(REPLACE.format(final=str(final)), "pause")
+    assert not final.exists()  # between the two renames
+    cache.clean_stale()
+    assert (final / "version").read_text() == "1" and partials() == []
+    with cache.atomic_path(final) as partial:  # and the next write replaces it as usual
+        partial.mkdir()
+        (partial / "version").write_text("3")
+    assert (final / "version").read_text() == "3" and sorted(p.name for p in final.parent.iterdir()) == ["draft"]

@@ -128,7 +128,7 @@ def run_recipe(target, other, same_draft: str, settings: RecipeSettings, folder:
             for product in PRODUCTS[later]:
                 cache.remove(folder / product)
         cache.remove(output)
-        _remove_partials(output)
+        cache.clean_stale(output.parent)  # what a killed run left half-written
         say(f"{head} ...")
         start = time.perf_counter()
         summary = work[name]()
@@ -332,12 +332,6 @@ def _data(target, settings: RecipeSettings, folder: Path):
                                temperature=temperature, model_name=target.name, batch_size=settings.generation_batch)
     sampled = continuations(settings.train * settings.samples, settings.sample_temperature) if settings.samples else []
     return continuations(settings.train, 0.0) + sampled
-
-
-def _remove_partials(output: Path) -> None:
-    """Temporary siblings a killed run left behind (`cache.atomic_path` names them NAME.partial-*)."""
-    for stale in output.parent.glob(f"{output.name}.partial-*"):
-        cache.remove(stale)
 
 
 def _read_json(path: Path):

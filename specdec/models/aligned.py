@@ -130,7 +130,7 @@ def list_aligned(target: str | None = None) -> list[Card]:
     """Registered aligned drafts (all, or those for `target`), newest first."""
     if not root().is_dir():
         return []
-    finished = [p for p in root().iterdir() if NAME.match(p.name) and ".partial-" not in p.name]  # not being written
+    finished = [p for p in root().iterdir() if NAME.match(p.name) and not cache.in_progress(p)]  # not being written
     cards = [c for p in finished if (c := read_card(p)) is not None]
     if target is not None:
         cards = [c for c in cards if c.target == model_id(target)]

@@ -8,10 +8,16 @@ Layout:
     locks/<name>-<hash>.lock          one lock file per destination
 
 Every write goes to a `.partial-<pid>-<thread>` sibling, is fsynced and renamed into place when complete,
-so an interrupted or failed write never leaves a file or folder that looks finished. One writer at a time
-per destination (an flock, released by the kernel when a process dies); the writer, and `clean_stale`
-before every load, remove the partials that no writer holds (those of killed writers). A converted folder is trusted only when its `READY.json`
-marker (written last) lists the size of every file in it; otherwise it is converted again.
+so an interrupted or failed write never leaves a file or folder that looks finished. One discipline keeps
+cleanup away from live writers: a writer holds an flock on its partial's token (`NAME.writer-<pid>-<thread>`,
+made before the partial and removed after it; the kernel releases it when the process dies), and a partial is
+removed only when its token's lock is free and no one holds its destination's lock. `clean_stale` (before
+every load) and `locked` apply it, so a killed writer's partial goes and a live one's (a distillation, another
+process or container sharing the cache) stays. A folder being replaced is first moved aside as
+`<partial>.previous`; a kill before the new one is in place leaves it there and cleanup puts it back.
+One writer at a time per destination when it matters (`locked`: an flock per destination). A converted folder
+is trusted only when its `READY.json` marker (written last) lists the size of every file in it; otherwise it
+is converted again.
 """
 from __future__ import annotations
 
@@ -28,6 +34,9 @@ from typing import Callable, Iterator
 DTYPES = ("float32", "bfloat16")
 CHUNK_BYTES = 8 << 20  # copy/hash granularity while assembling
 READY = "READY.json"  # marker written last into a converted folder: {file name: size in bytes}
+PARTIAL = ".partial-"  # NAME.partial-<pid>-<thread>: a write of NAME in progress (or left by a killed writer)
+WRITER = ".writer-"  # NAME.writer-<pid>-<thread>: the token the writer of NAME.partial-<pid>-<thread> holds locked
+PREVIOUS = ".previous"  # <partial>.previous: the folder being replaced, moved aside until the new one is in place
 
 Progress = Callable[[str, float], None]  # (stage message, fraction done in [0, 1])
 
@@ -74,11 +83,12 @@ def gguf_path(file_name: str) -> Path:
 def locked(final: Path) -> Iterator[None]:
     """Hold the exclusive lock of destination `final` (one writer across threads and processes).
 
-    Partials of `final` found under the lock belong to no live writer: they are removed.
+    Partials of `final` whose writer is dead are removed first (a folder moved aside is put back).
     """
     with open(_lock_path(final), "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)  # released on close, or by the kernel when the process dies
-        _remove_partials(final)
+        for partial in final.parent.glob(f"{final.name}{PARTIAL}*"):
+            _reap(partial, destination_free=True)
         yield
 
 
@@ -88,30 +98,114 @@ def _lock_path(final: Path) -> Path:
     return lock
 
 
-def _remove_partials(final: Path) -> None:
-    for stale in final.parent.glob(f"{final.name}.partial-*"):
-        remove(stale)
-
-
 @contextlib.contextmanager
 def atomic_path(final: Path) -> Iterator[Path]:
     """Yield a temporary sibling of `final` to write (file or folder); fsync and rename it to `final` on success.
 
     A caller racing other writers of `final` holds `locked(final)`. On an exception the temporary path
-    is removed and `final` is untouched; on success a previous `final` is replaced.
+    is removed and `final` is untouched; on success a previous `final` is replaced (a folder is moved aside
+    first and deleted once the new one is in place, so a kill in between loses neither).
     """
     final.parent.mkdir(parents=True, exist_ok=True)
-    partial = final.with_name(f"{final.name}.partial-{os.getpid()}-{threading.get_ident()}")
+    partial = final.with_name(f"{final.name}{PARTIAL}{os.getpid()}-{threading.get_ident()}")
+    aside = partial.with_name(partial.name + PREVIOUS)
+    with _writing(partial):
+        try:
+            yield partial
+            _fsync(partial)
+            if final.is_dir():  # a folder cannot be renamed over (a file is, atomically)
+                os.replace(final, aside)
+            os.replace(partial, final)
+            _fsync(final.parent)
+            remove(aside)
+        except BaseException:
+            remove(partial)
+            raise
+
+
+@contextlib.contextmanager
+def _writing(partial: Path) -> Iterator[None]:
+    """Hold `partial`'s writer token locked while the partial may exist (taken before, dropped after)."""
+    token = _token(partial)
+    while True:  # the lock must be on the file the name points to now (cleanup unlinks a dead writer's token)
+        handle = open(token, "a")
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        if _names(token, handle):
+            break
+        handle.close()
     try:
-        yield partial
-        _fsync(partial)
-        if final.is_dir():  # a folder cannot be renamed over (a file is, atomically)
-            remove(final)
-        os.replace(partial, final)
-        _fsync(final.parent)
-    except BaseException:
-        remove(partial)
-        raise
+        for stale in (partial, partial.with_name(partial.name + PREVIOUS)):  # left by a dead writer of this name
+            _reap(stale, destination_free=True, writer_dead=True)
+        yield
+    finally:
+        token.unlink(missing_ok=True)
+        handle.close()
+
+
+def _reap(path: Path, destination_free: bool = False, writer_dead: bool = False) -> bool:
+    """Remove the partial `path` if its writer is dead (a folder moved aside goes back when nothing replaced it);
+    True when it did. `destination_free`: the caller holds the destination's lock (else it must be free too)."""
+    final = path.with_name(path.name.partition(PARTIAL)[0])
+    with contextlib.ExitStack() as held:
+        if not writer_dead and not _writer_gone(_token(path), held):
+            return False
+        if not destination_free and not _lock_free(_lock_path(final), held):
+            return False
+        if not path.exists():
+            return False
+        if path.name.endswith(PREVIOUS) and not final.exists():
+            os.replace(path, final)
+        else:
+            remove(path)
+        return True
+
+
+def in_progress(path: Path) -> bool:
+    """Whether `path` is a write in progress (a partial, a folder moved aside, a writer token), not a result."""
+    return PARTIAL in path.name or WRITER in path.name
+
+
+def _token(partial: Path) -> Path:
+    """The writer token of a partial (or of the folder it moved aside)."""
+    return partial.with_name(partial.name.removesuffix(PREVIOUS).replace(PARTIAL, WRITER, 1))
+
+
+def _writer_gone(token: Path, held: contextlib.ExitStack) -> bool:
+    """True when no live writer holds `token`: a missing one, or one whose lock is free (then held until `held`
+    closes, and the token unlinked just before). False while its writer lives."""
+    while True:
+        try:
+            handle = open(token, "r")
+        except FileNotFoundError:
+            return True
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            return False
+        if _names(token, handle):
+            held.enter_context(handle)
+            held.callback(token.unlink, missing_ok=True)  # runs before the handle closes (LIFO)
+            return True
+        handle.close()  # the name moved on to a newer writer's token: look again
+
+
+def _names(path: Path, handle) -> bool:
+    """Whether `path` is still the name of the file open as `handle`."""
+    try:
+        return os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def _lock_free(lock: Path, held: contextlib.ExitStack) -> bool:
+    """Take destination lock `lock` without waiting (held until `held` closes); False when another holds it."""
+    handle = held.enter_context(open(lock, "a"))
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def write_text(path: Path, text: str) -> None:
@@ -120,21 +214,19 @@ def write_text(path: Path, text: str) -> None:
         partial.write_text(text, encoding="utf-8")
 
 
-def clean_stale() -> int:
-    """Remove the cache's partials that no writer holds (their destination's lock is free); returns how many.
+def clean_stale(folder: Path | None = None) -> int:
+    """Remove the partials under `folder` (default: the whole cache) whose writer is dead; returns how many.
 
-    A killed writer's lock was released by the kernel; a live writer (another process, or a container
-    sharing the cache) still holds its lock, and its partial is kept.
+    A killed writer's token lock was released by the kernel; a live writer (this process, another, or a
+    container sharing the cache) still holds it, and its partial is kept, as is one whose destination is locked.
+    Tokens of dead writers go too.
     """
-    partials = list(root().glob("**/*.partial-*"))
-    for final in {p.with_name(p.name.partition(".partial-")[0]) for p in partials}:
-        with open(_lock_path(final), "a") as handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue
-            _remove_partials(final)
-    return sum(not p.exists() for p in partials)
+    folder = folder or root()
+    removed = sum(_reap(path) for path in folder.glob(f"**/*{PARTIAL}*"))
+    for token in folder.glob(f"**/*{WRITER}*"):  # a writer killed before its partial appeared, or after it went
+        with contextlib.ExitStack() as held:
+            _writer_gone(token, held)
+    return removed
 
 
 def _fsync(path: Path) -> None:

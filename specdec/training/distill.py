@@ -509,8 +509,9 @@ def _save_checkpoint(checkpoint: Path, accelerator, trained, optimizer, report: 
         cache.mark_ready(folder)
     cache.write_text(checkpoint / LATEST, name)
     for old in checkpoint.iterdir():
-        if old.name not in (name, LATEST):
-            cache.remove(old)  # older steps, partials of killed writes
+        if old.name not in (name, LATEST) and not cache.in_progress(old):
+            cache.remove(old)  # older steps
+    cache.clean_stale(checkpoint)  # partials of killed writes (a live writer's stay)
 
 
 def checkpoint_report(checkpoint: Path) -> DistillReport | None:
