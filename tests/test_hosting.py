@@ -8,6 +8,7 @@ import time
 
 import gradio as gr
 import pytest
+from gradio.context import LocalContext
 
 from specdec.core.limits import Budget
 from specdec.dashboard import handlers
@@ -90,6 +91,61 @@ def test_a_worker_killed_by_a_base_exception_still_releases_the_consumer():
 def test_custom_models_are_allowed_by_default_only_on_a_loopback_host(host, allowed):
     assert AppConfig.from_env({"SPECDEC_HOST": host}).allow_custom_models is allowed
     assert AppConfig.from_env({"SPECDEC_HOST": host, "SPECDEC_ALLOW_CUSTOM_MODELS": "1"}).allow_custom_models
+
+
+@pytest.mark.parametrize("environ", [{"GRADIO_SHARE": "true"}, {"GRADIO_SHARE": "1", "SPECDEC_HOST": "localhost"},
+                                     {"SPACE_ID": "x/y", "SPECDEC_HOST": "127.0.0.1"}, {"SPECDEC_HOST": "0.0.0.0"}])
+def test_a_share_link_or_a_space_makes_even_a_loopback_host_public(environ):
+    config = AppConfig.from_env(environ)
+    assert config.public and not config.allow_custom_models and not config.allow_training
+    chosen = AppConfig.from_env({**environ, "SPECDEC_ALLOW_CUSTOM_MODELS": "1", "SPECDEC_ALLOW_TRAINING": "yes"})
+    assert chosen.allow_custom_models and chosen.allow_training  # set explicitly: the host's choice
+    assert not AppConfig.from_env({"SPECDEC_HOST": "127.0.0.1"}).public
+
+
+class Visit:
+    """A request as Gradio hands it to an event (only its headers matter here)."""
+
+    def __init__(self, **headers):
+        self.headers = {name.replace("_", "-"): value for name, value in headers.items()}
+
+    def __enter__(self):
+        self.reset = LocalContext.request.set(self)
+
+    def __exit__(self, *exc):
+        LocalContext.request.reset(self.reset)
+
+
+@pytest.mark.parametrize("headers, public", [
+    ({}, False), ({"host": "127.0.0.1:7860"}, False), ({"host": "[::1]:7860"}, False),
+    ({"host": "127.0.0.1:7860", "x_forwarded_for": "203.0.113.9"}, True), ({"forwarded": "for=203.0.113.9"}, True),
+    ({"host": "127.0.0.1", "x_forwarded_host": "demo.example.org"}, True), ({"host": "demo.example.org"}, True)])
+def test_a_request_through_a_proxy_is_public_whatever_the_host(tiny, headers, public):
+    _, paths = tiny
+    private = ModelHub(AppConfig.from_env({"SPECDEC_HOST": "127.0.0.1"}), pool=None)
+    with Visit(**headers):
+        if public:
+            with pytest.raises(ValueError, match="custom model paths and ids are disabled"):
+                private.check(paths["target"], "target")
+            with pytest.raises(gr.Error, match="off on this host"):
+                compare.start_distill(private, "aligned:any", 1)
+        else:
+            assert private.check(paths["target"], "target") == paths["target"]
+        chosen = ModelHub(AppConfig.from_env({"SPECDEC_HOST": "127.0.0.1", "SPECDEC_ALLOW_CUSTOM_MODELS": "1"}),
+                          pool=None)
+        assert chosen.check(paths["target"], "target") == paths["target"]  # set explicitly: holds behind a proxy
+
+
+def test_a_draft_vocabulary_file_is_a_custom_path(tmp_path):
+    secret = tmp_path / "secret.json"
+    secret.write_text('{"token_ids": [1, 2, 3]}')
+    public = ModelHub(AppConfig.from_env({"GRADIO_SHARE": "true"}), pool=None)
+    spec = f"{public.default('draft')}@vocab={secret}"
+    with pytest.raises(ValueError, match="a draft vocabulary file is a custom path, disabled") as error:
+        public.check(spec, "draft")
+    assert "token_ids" not in str(error.value)
+    private = ModelHub(AppConfig.from_env({"SPECDEC_HOST": "127.0.0.1"}), pool=None)
+    assert private.check(spec, "draft") == spec
 
 
 def test_limits_are_read_from_the_environment():

@@ -1,10 +1,12 @@
 """Which models a visitor may pick, and the models behind the names (loaded once, shared by all sessions).
 
 Loading goes through `specdec.models` (its process-wide pool keeps each model once); this module
-only applies the host's allow-list (SPECDEC_ALLOWED_MODELS / SPECDEC_ALLOW_CUSTOM_MODELS) and
-reports loading progress.
+only applies the host's allow-list (SPECDEC_ALLOWED_MODELS / SPECDEC_ALLOW_CUSTOM_MODELS, and per request
+whether it came through a proxy: `specdec.dashboard.config`) and reports loading progress.
 """
 from __future__ import annotations
+
+from gradio.context import LocalContext
 
 from specdec import models
 from specdec.core.costmodel import CostModel
@@ -13,7 +15,7 @@ from specdec.costs.calibration import calibrate
 from specdec.drafters import HYBRID_SUFFIX, DraftSpec, Vocabulary
 from specdec.models import aligned, entries
 
-from specdec.dashboard.config import AppConfig, MODEL_DRAFTERS
+from specdec.dashboard.config import AppConfig, MODEL_DRAFTERS, proxied
 
 VOCABULARIES = tuple(mode.value for mode in Vocabulary)  # the vocabulary modes the UI offers (specdec.drafters.spec)
 
@@ -94,7 +96,7 @@ class ModelHub:
         if role != "draft":
             return self._check_model(name)
         spec = DraftSpec.parse(name)
-        if spec.vocabulary_file and not self.config.allow_custom_models:
+        if spec.vocabulary_file and not self.allows("allow_custom_models"):
             raise ValueError(f"{name!r}: a draft vocabulary file is a custom path, disabled on this host "
                              "(SPECDEC_ALLOW_CUSTOM_MODELS=0)")
         if spec.model.startswith(aligned.PREFIX):
@@ -111,7 +113,7 @@ class ModelHub:
                 raise ValueError(f"model {name!r} is not offered on this host; allowed: "
                                  f"{', '.join(self.config.allowed_models)} (SPECDEC_ALLOWED_MODELS)")
             return name
-        if not self.config.allow_custom_models:
+        if not self.allows("allow_custom_models"):
             raise ValueError(f"unknown model {name!r}: pick one of the list (custom model paths and ids are "
                              "disabled on this host, SPECDEC_ALLOW_CUSTOM_MODELS=0)")
         return name
@@ -167,7 +169,17 @@ class ModelHub:
     def _offered(self, name: str) -> bool:
         """A catalogue name on the allow-list, or a folder / id where custom models are allowed."""
         entry = entries.find(name)  # the catalogue without its readiness checks: the job timer asks every 2 s
-        return self._listed(entry.name) if entry is not None else self.config.allow_custom_models
+        return self._listed(entry.name) if entry is not None else self.allows("allow_custom_models")
+
+    def allows(self, field: str) -> bool:
+        """`AppConfig.allows` for the request being handled (public when it came through a proxy)."""
+        return self.config.allows(field, request_proxied())
+
+
+def request_proxied() -> bool:
+    """Whether the Gradio event being handled came through a reverse proxy; False outside a request."""
+    headers = getattr(LocalContext.request.get(None), "headers", None)
+    return headers is not None and proxied({str(k).lower(): str(v) for k, v in headers.items()})
 
 
 def stages(progress):

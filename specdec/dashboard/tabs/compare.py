@@ -226,5 +226,5 @@ def training_status(hub: ModelHub, known: list[str] | None, compare_columns: int
 
 
 def _training_allowed(hub: ModelHub) -> None:
-    if not hub.config.allow_training:
+    if not hub.allows("allow_training"):
         raise ValueError("preparing and distilling aligned drafts is off on this host (SPECDEC_ALLOW_TRAINING=0)")
