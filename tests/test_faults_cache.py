@@ -56,6 +56,19 @@ def test_truncated_weights_in_a_finished_folder_are_converted_again(tiny_gguf):
     torch.testing.assert_close(again.model(IDS).logits, original(IDS).logits, rtol=0, atol=1e-5)
 
 
+def test_a_same_size_header_corruption_is_converted_again(tiny_gguf):
+    path, original = tiny_gguf
+    folder = load_model(str(path), dtype="float32").path
+    weights = folder / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[8:16] = b"{{{{{{{{"  # the JSON header's start: safetensors can no longer parse it
+    weights.write_bytes(bytes(data))
+    again = load_model(str(path), dtype="float32")
+    assert again.source == "gguf" and again.path == folder
+    torch.testing.assert_close(again.model(IDS).logits, original(IDS).logits, rtol=0, atol=1e-5)
+    assert load_model(str(path), dtype="float32").source == "cache"
+
+
 def test_a_waiting_process_converts_once_the_lock_holder_is_killed(tiny_gguf):
     """A holds the lock (paused before its marker) and is killed; B, waiting on the lock, converts."""
     path, original = tiny_gguf

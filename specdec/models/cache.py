@@ -16,8 +16,9 @@ every load) and `locked` apply it, so a killed writer's partial goes and a live 
 process or container sharing the cache) stays. A folder being replaced is first moved aside as
 `<partial>.previous`; a kill before the new one is in place leaves it there and cleanup puts it back.
 One writer at a time per destination when it matters (`locked`: an flock per destination). A converted folder
-is trusted only when its `READY.json` marker (written last) lists the size of every file in it; otherwise it
-is converted again.
+is trusted only when its `READY.json` marker (written last) lists the size and content fingerprint of every
+file in it (`fingerprint`: both ends of the file, where a safetensors header lives) and they still match;
+otherwise it is converted again.
 """
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ from typing import Callable, Iterator
 
 DTYPES = ("float32", "bfloat16")
 CHUNK_BYTES = 8 << 20  # copy/hash granularity while assembling
-READY = "READY.json"  # marker written last into a converted folder: {file name: size in bytes}
+READY = "READY.json"  # marker written last into a converted folder: {file name: {"size", "fingerprint"}}
+FINGERPRINT_BYTES = 1 << 20  # bytes hashed at each end of a file for its fingerprint (a safetensors header is first)
 PARTIAL = ".partial-"  # NAME.partial-<pid>-<thread>: a write of NAME in progress (or left by a killed writer)
 WRITER = ".writer-"  # NAME.writer-<pid>-<thread>: the token the writer of NAME.partial-<pid>-<thread> holds locked
 PREVIOUS = ".previous"  # <partial>.previous: the folder being replaced, moved aside until the new one is in place
@@ -55,24 +57,52 @@ def converted_dtypes(key: str) -> list[str]:
 
 
 def mark_ready(folder: Path) -> None:
-    """Fsync every file of `folder`, then write its READY marker (the sizes) last."""
-    sizes = {}
+    """Fsync every file of `folder`, then write its READY marker (sizes and fingerprints) last."""
+    listed = {}
     for path in sorted(folder.iterdir()):
         _fsync(path)
-        sizes[path.name] = path.stat().st_size
+        listed[path.name] = {"size": path.stat().st_size, "fingerprint": fingerprint(path) if path.is_file() else None}
     with open(folder / READY, "w") as file:
-        json.dump(sizes, file)
+        json.dump(listed, file)
         file.flush()
         os.fsync(file.fileno())
 
 
 def is_ready(folder: Path) -> bool:
-    """Whether `folder` has a READY marker and every file it lists has the listed size."""
+    """Whether `folder` has a READY marker and every file it lists has the listed size and fingerprint (a
+    marker of sizes only, from before fingerprints, is checked on sizes)."""
     try:
-        sizes = json.loads((folder / READY).read_text())
-        return all((folder / name).stat().st_size == size for name, size in sizes.items())
-    except (OSError, ValueError, AttributeError):
+        listed = json.loads((folder / READY).read_text())
+        return all(_intact(folder / name, entry) for name, entry in listed.items())
+    except (OSError, ValueError, AttributeError, TypeError, KeyError):
         return False
+
+
+def _intact(path: Path, entry) -> bool:
+    stat = path.stat()
+    if isinstance(entry, int):
+        return stat.st_size == entry
+    return stat.st_size == entry["size"] and entry["fingerprint"] in (None, _known_fingerprint(path, stat))
+
+
+_fingerprints: dict[tuple, str] = {}  # (path, inode, size, mtime) -> fingerprint: a file is read again only when changed
+
+
+def _known_fingerprint(path: Path, stat: os.stat_result) -> str:
+    key = (str(path), stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    if key not in _fingerprints:
+        _fingerprints[key] = fingerprint(path)
+    return _fingerprints[key]
+
+
+def fingerprint(path: Path) -> str:
+    """sha256 of a file's first and last FINGERPRINT_BYTES (all of a smaller file): a damaged header shows."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        digest.update(file.read(FINGERPRINT_BYTES))
+        file.seek(max(FINGERPRINT_BYTES, path.stat().st_size - FINGERPRINT_BYTES))
+        digest.update(file.read())
+    return digest.hexdigest()
 
 
 def gguf_path(file_name: str) -> Path:

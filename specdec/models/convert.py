@@ -33,6 +33,9 @@ def ensure_converted(key: str, dtype: str, gguf: Callable[[], Path], progress: P
         return folder
     with cache.locked(folder):
         if not cache.is_ready(folder):
+            if (folder / cache.READY).exists():
+                _report(progress, f"the cached {dtype} copy of {key} is damaged (it no longer matches its "
+                                  "fingerprints); converting it again", 0.0)
             _convert(key, dtype, folder, gguf, progress)
     return folder
 
