@@ -6,6 +6,7 @@ import pytest
 
 from faults import kill_at
 from specdec.cli import main
+from specdec.lab.bench import store
 from specdec.testing import tiny_folder, tiny_tokenizer
 
 CELLS = 2 * 4  # two drafts x four prompts of the tiny suite (two per category), one k
@@ -54,6 +55,15 @@ def test_a_line_cut_by_a_kill_is_dropped_and_measured_again(setup):
     (out / "results.jsonl").write_text(whole[:len(whole) - 40])  # the last line loses its end
     assert main(argv(target, draft, out)) == 0
     assert len(rows(out)) == CELLS and keys(rows(out)) == sorted(keys(json.loads(x) for x in whole.splitlines()))
+
+
+def test_a_line_cut_inside_a_character_is_dropped(tmp_path):
+    """A kill can cut a line between the bytes of one UTF-8 character: the complete rows are kept."""
+    complete = json.dumps({"draft": "d", "k": 2, "prompt_id": "今天-1"}, ensure_ascii=False) + "\n"
+    torn = json.dumps({"draft": "d", "k": 2, "prompt_id": "今天-2"}, ensure_ascii=False).encode()
+    (tmp_path / store.RESULTS_JSONL).write_bytes(complete.encode() + torn[:torn.index("天".encode()) + 1])
+    assert store.read_rows(tmp_path) == [json.loads(complete)]
+    assert (tmp_path / store.RESULTS_JSONL).read_text(encoding="utf-8") == complete
 
 
 def test_a_bad_line_inside_the_file_is_named(setup, capsys):

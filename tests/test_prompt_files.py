@@ -65,12 +65,25 @@ def test_a_jsonl_with_its_own_held_out_split_keeps_it_and_one_without_gets_one(t
     ("empty.txt", b"", r"empty.txt: no prompts \(the file is empty\)"),
     ("blank.txt", b"\n  \n", r"blank.txt: no prompts"),
     ("bad.jsonl", b'{"id": "a", "category": "x", "prompt": "p"}\n{"id": \n', r"bad.jsonl:2: not valid JSON"),
+    ("deep.jsonl", b'{"id": "a", "category": "x", "prompt": "p"}\n' + b"[" * 100_000 + b"\n",
+     r"deep.jsonl:2: not valid JSON \(nested too deeply\)"),
 ])
 def test_a_bad_file_is_one_error_naming_file_and_line(tmp_path, name, content, message):
     path = tmp_path / name
     path.write_bytes(content)
     with pytest.raises(ValueError, match=message):
         load_suite(path)
+
+
+def test_prompts_are_split_at_newlines_only(tmp_path):
+    """U+2028 (line separator) and U+0085 (next line) are characters of a prompt, not line breaks."""
+    jsonl = tmp_path / "mine.jsonl"
+    record = {"id": "a", "category": "x", "prompt": "first\u2028second\u0085third"}
+    jsonl.write_text(json.dumps(record, ensure_ascii=False) + "\r\n", encoding="utf-8")
+    assert [p.prompt for p in load_suite(jsonl)] == [record["prompt"]]
+    text = tmp_path / "mine.txt"
+    text.write_text("one\x85prompt\u2028still\r\ntwo\n", encoding="utf-8")
+    assert [p.prompt for p in load_suite(text)] == ["one\x85prompt\u2028still", "two"]
 
 
 # --- every command with a text file ----------------------------------------------------------------------

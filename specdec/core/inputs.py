@@ -1,6 +1,8 @@
 """Checking what a caller passes in; every refusal is a ValueError that says what to do."""
 from __future__ import annotations
 
+import json
+
 import torch
 
 PADDING_TOLERANCE = 0.01  # vocab sizes within 1% are the same tokenizer with padded rows (Qwen: 151936 vs 152064)
@@ -85,3 +87,11 @@ def resolve_eos(model, eos_token_id) -> set[int]:
     if eos_token_id is None:
         return set()
     return {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
+
+
+def parse_json(text: str):
+    """`json.loads`, with nesting too deep for the parser as a JSONDecodeError (it raises RecursionError)."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply", text[:100], 0) from None

@@ -18,6 +18,8 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from specdec.core.inputs import parse_json
+
 SUITES_DIR = Path(__file__).resolve().parents[2] / "assets" / "prompts"
 SPLITS = ("dev", "heldout")
 TEMPLATES = ("chat", "raw")
@@ -112,10 +114,11 @@ def _hold_out(prompts: list[Prompt]) -> list[Prompt]:
 
 
 def _text_lines(path: Path) -> list[str]:
-    """The file's lines as UTF-8 text; ValueError naming file:line at the first line that is not UTF-8."""
+    """The file's lines as UTF-8 text, split at "\n" only (a prompt may hold U+2028, U+0085 and the like);
+    ValueError naming file:line at the first line that is not UTF-8."""
     data = path.read_bytes()
     try:
-        return data.decode("utf-8").splitlines()
+        return [line.removesuffix("\r") for line in data.decode("utf-8").split("\n")]
     except UnicodeDecodeError as error:
         line = data[:error.start].count(b"\n") + 1
         column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
@@ -138,7 +141,7 @@ def _parse_jsonl(lines: list[str], path: Path) -> list[Prompt]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = parse_json(line)
         except json.JSONDecodeError as error:
             raise ValueError(f"{path}:{n}: not valid JSON ({error.msg}); each line must be one JSON object") from None
         prompts.append(_prompt_from_record(record, f"{path}:{n}"))

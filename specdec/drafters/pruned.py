@@ -20,6 +20,7 @@ from typing import Iterable
 import torch
 
 from specdec.core.drafter import ModelDrafter
+from specdec.core.inputs import parse_json
 
 class PrunedVocabularyDrafter(ModelDrafter):
     """A causal LM drafting over `token_ids` only; the head's rows for the set are sliced once."""
@@ -67,7 +68,7 @@ def load_vocabulary(path: str | Path) -> list[int]:
         raise ValueError(f"no draft vocabulary file {path}: write one with the align-distill recipe "
                          "(its prune stage) or specdec.training.prune.save_vocabulary")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = parse_json(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{path}: not a JSON draft vocabulary ({error})") from None
     ids = data.get("token_ids") if isinstance(data, dict) else data

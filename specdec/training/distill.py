@@ -215,7 +215,7 @@ def _whole_lines(partial: Path) -> list[Example]:
     data = partial.read_bytes()
     whole = data[:data.rfind(b"\n") + 1]
     os.truncate(partial, len(whole))
-    return [Example(**json.loads(line)) for line in whole.decode().splitlines() if line.strip()]
+    return [Example(**json.loads(line)) for line in whole.decode().split("\n") if line.strip()]
 
 
 def _fingerprint(model) -> list:
@@ -226,7 +226,7 @@ def _fingerprint(model) -> list:
 
 
 def load_examples(path) -> list[Example]:
-    return [Example(**json.loads(line)) for line in Path(path).read_text().splitlines() if line.strip()]
+    return [Example(**json.loads(line)) for line in Path(path).read_text().split("\n") if line.strip()]
 
 
 @dataclass

@@ -30,15 +30,15 @@ def read_rows(out_dir: str | Path) -> list[dict]:
     path = Path(out_dir) / RESULTS_JSONL
     if not path.exists():
         return []
-    lines = path.read_text(encoding="utf-8").split("\n")  # a complete file ends with "\n": last item ""
+    lines = path.read_bytes().split(b"\n")  # a complete file ends with "\n": last item b""
     rows = []
     for number, line in enumerate(lines[:-1], start=1):
         try:
-            rows.append(json.loads(line))
-        except ValueError:
+            rows.append(json.loads(line.decode("utf-8")))
+        except ValueError:  # not UTF-8, or not JSON
             raise ValueError(f"{path}:{number}: not a JSON row ({line[:60]!r}); move the file away to start over")
-    if lines[-1]:  # a torn last line: keep every complete row, drop the fragment
-        write_atomically(path, "".join(line + "\n" for line in lines[:-1]))
+    if lines[-1]:  # a torn last line (cut anywhere, even inside a character): keep every complete row
+        write_atomically(path, b"".join(line + b"\n" for line in lines[:-1]).decode("utf-8"))
     return rows
 
 
