@@ -3,6 +3,7 @@ the time limit and Stop while queued, a worker that always releases its slot, cu
 from __future__ import annotations
 
 import math
+import shutil
 import threading
 import time
 
@@ -16,7 +17,7 @@ from specdec.dashboard.config import AppConfig
 from specdec.dashboard.hub import ModelHub
 from specdec.dashboard.runs import DecodeRequest, RunControl, SEED_MAX, StopToken, stream
 from specdec.dashboard.tabs import compare
-from specdec.models import ModelPool
+from specdec.models import ModelPool, aligned, cache, entries
 from tiny_models import write_tiny_models
 
 CONFIG = AppConfig(max_new_tokens_cap=16, max_prompt_chars=200)
@@ -213,3 +214,41 @@ def test_the_compare_error_panel_escapes_names_and_messages(tiny):
     *_, (panel, _table, _chart, _status) = compare.compare(hub, paths["target"], "hello", 2, 4,
                                                             "<img src=x onerror=alert(1)>", "as is")
     assert "<img" not in panel and "&lt;img" in panel
+
+
+def test_an_unknown_aligned_draft_shows_neither_the_cache_nor_drafts_the_host_does_not_offer(tiny, monkeypatch):
+    hub, paths = tiny
+    first, second = entries.names()[:2]
+    listed = ModelHub(AppConfig(max_new_tokens_cap=16, allowed_models=(first,)), pool=hub.pool)
+    monkeypatch.setattr(aligned, "list_aligned", lambda target=None: [aligned.Card(
+        name="hidden", target=second, source=second, method="transplant")])  # for a model this host does not offer
+    with pytest.raises(gr.Error) as error:
+        handlers.speculate(listed, paths["target"], "aligned:nope", "hello", 2, 4, 0.0, 0)
+    message = str(error.value)
+    assert "does not offer aligned draft 'aligned:nope'" in message
+    assert "hidden" not in message and str(cache.root()) not in message
+
+
+def test_a_model_name_has_a_length_cap(tiny):
+    hub, paths = tiny
+    with pytest.raises(gr.Error, match="a target name is at most 300 characters, got 5000") as error:
+        handlers.speculate(hub, "x" * 5000, paths["draft"], "hello", 2, 4, 0.0, 0)
+    assert "xxxx" not in str(error.value)
+
+
+def test_errors_never_show_the_cache_location(tiny):
+    hub, paths = tiny
+    inside = cache.root() / "aligned" / "broken"
+    inside.mkdir(parents=True)
+    with pytest.raises(gr.Error) as error:
+        handlers.speculate(hub, str(inside), paths["draft"], "hello", 2, 4, 0.0, 0)
+    assert "<model cache>/aligned/broken" in str(error.value) and str(cache.root()) not in str(error.value)
+
+
+def test_damaged_weights_in_a_folder_are_one_clear_line(tiny, tmp_path):
+    hub, paths = tiny
+    broken = tmp_path / "broken"
+    shutil.copytree(paths["target"], broken)
+    (broken / "model.safetensors").write_bytes(b"\x08" + b"\x00" * 7 + b"{not json")
+    with pytest.raises(gr.Error, match="cannot load a causal LM and tokenizer from"):
+        handlers.speculate(hub, str(broken), paths["draft"], "hello", 2, 4, 0.0, 0)

@@ -7,6 +7,8 @@ import importlib
 import pkgutil
 import sys
 
+from specdec.models import cache
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m specdec", description="speculative-decoding lab")
@@ -23,5 +25,5 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except ValueError as error:  # bad input: a clear message, no traceback
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {cache.redact(str(error))}", file=sys.stderr)
         return 1

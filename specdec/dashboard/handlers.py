@@ -16,6 +16,7 @@ from specdec.core.limits import Budget
 from specdec.core.trace import GenerationResult
 from specdec.costs.waterfall import Step
 from specdec.lab import plots as figures
+from specdec.models import cache
 
 from specdec.dashboard.hub import ModelHub
 from specdec.dashboard.runs import DecodeRequest, StopToken
@@ -24,14 +25,15 @@ NO_DRAFT = ("(none)", "")  # the choice that leaves a compare column empty
 
 
 def user_errors(handler):
-    """Show a ValueError (bad input, with the engine's message) as a gr.Error; the app keeps serving."""
+    """Show a ValueError (bad input, with the engine's message) as a gr.Error, without the cache's location
+    (`cache.redact`); the app keeps serving."""
     if inspect.isgeneratorfunction(handler):
         @functools.wraps(handler)
         def generator(*args, **kwargs):
             try:
                 yield from handler(*args, **kwargs)
             except ValueError as error:
-                raise gr.Error(str(error), print_exception=False) from error
+                raise gr.Error(cache.redact(str(error)), print_exception=False) from error
         return generator
 
     @functools.wraps(handler)
@@ -39,7 +41,7 @@ def user_errors(handler):
         try:
             return handler(*args, **kwargs)
         except ValueError as error:
-            raise gr.Error(str(error), print_exception=False) from error
+            raise gr.Error(cache.redact(str(error)), print_exception=False) from error
     return plain
 
 

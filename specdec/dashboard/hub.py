@@ -20,6 +20,9 @@ from specdec.dashboard.config import AppConfig, MODEL_DRAFTERS, proxied
 VOCABULARIES = tuple(mode.value for mode in Vocabulary)  # the vocabulary modes the UI offers (specdec.drafters.spec)
 
 
+MAX_NAME_CHARS = 300  # longest model name, path or id a visitor may send
+
+
 class ModelHub:
     """Model names offered by this host and the loaded models behind them."""
 
@@ -93,6 +96,8 @@ class ModelHub:
         A draft is read by `DraftSpec.parse` (the factory's own grammar); the model it names, if any, is checked."""
         if not name:
             raise ValueError(f"choose a {role} model")
+        if len(name) > MAX_NAME_CHARS:
+            raise ValueError(f"a {role} name is at most {MAX_NAME_CHARS} characters, got {len(name)}")
         if role != "draft":
             return self._check_model(name)
         spec = DraftSpec.parse(name)
@@ -100,8 +105,10 @@ class ModelHub:
             raise ValueError(f"{name!r}: a draft vocabulary file is a custom path, disabled on this host "
                              "(SPECDEC_ALLOW_CUSTOM_MODELS=0)")
         if spec.model.startswith(aligned.PREFIX):
-            if not self._allowed(aligned.find(spec.model)):
-                raise ValueError(f"aligned draft {spec.model!r} is made from or for a model this host does not offer")
+            offered = [card.spec for card in self.aligned_drafts()]  # unknown and not offered read the same
+            if spec.model not in offered:
+                raise ValueError(f"this host does not offer aligned draft {spec.model!r}; offered: "
+                                 f"{', '.join(offered) or 'none'}")
         elif spec.model:
             self._check_model(spec.model)
         return name

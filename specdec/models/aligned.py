@@ -61,7 +61,7 @@ def folder(name: str) -> Path:
     path = root() / check_name(name)
     if not (path / CARD).is_file():
         known = ", ".join(c.name for c in list_aligned()) or "none yet"
-        raise ValueError(f"no aligned draft called {name!r} in {root()} (registered: {known}); make one with "
+        raise ValueError(f"no aligned draft called {name!r} (registered: {known}); make one with "
                          "`python -m specdec align` or the dashboard's compare tab")
     return path
 

@@ -47,6 +47,15 @@ def root() -> Path:
     return Path(os.environ.get("SPECDEC_CACHE") or Path.home() / ".cache" / "specdec").expanduser()
 
 
+def redact(text: str) -> str:
+    """`text` (an error message) with the cache's location shown as "<model cache>" and the home folder as "~":
+    what a message may show a visitor."""
+    for location, shown in ((str(root().resolve()), "<model cache>"), (str(root()), "<model cache>"),
+                            (str(Path.home()), "~")):
+        text = text.replace(location, shown)
+    return text
+
+
 def converted_dir(key: str, dtype: str) -> Path:
     return root() / "converted" / key / dtype
 

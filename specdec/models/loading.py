@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from specdec.drafters import Vocabulary, from_spec
 from specdec.models import aligned, cache, convert, entries, formats, hub, quant, quant_store
@@ -281,8 +282,8 @@ def _from_folder(folder: Path, dtype: str, device: str, trust_remote_code: bool)
         model = AutoModelForCausalLM.from_pretrained(
             folder, dtype=convert.TORCH_DTYPES[dtype], use_safetensors=True, trust_remote_code=trust_remote_code)
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code)
-    except OSError as error:
-        raise ValueError(f"cannot load a causal LM and tokenizer from {folder}: {error}") from error
+    except (OSError, SafetensorError) as error:  # a missing file, damaged weights
+        raise ValueError(f"cannot load a causal LM and tokenizer from {folder}: {str(error)[:300]}") from error
     return model.to(device).eval(), tokenizer
 
 

@@ -69,7 +69,10 @@ def estimate_bytes(spec: str, dtype: str) -> int | None:
         return int(float(entry.parameters[:-1]) * SCALES[entry.parameters[-1].upper()] * DTYPE_BYTES[dtype])
     folder = Path(spec).expanduser()
     files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
-    return sum(_tensor_elements(f) for f in files) * DTYPE_BYTES[dtype] if files else None
+    try:
+        return sum(_tensor_elements(f) for f in files) * DTYPE_BYTES[dtype] if files else None
+    except (OSError, ValueError, KeyError, TypeError, struct.error):  # a damaged header: the load says why
+        return None
 
 
 def _tensor_elements(path: Path) -> int:
