@@ -2,23 +2,28 @@
 the time limit and Stop while queued, a worker that always releases its slot, custom models only on loopback."""
 from __future__ import annotations
 
+import gc
 import math
 import shutil
 import threading
 import time
+from pathlib import Path
 
 import gradio as gr
 import pytest
 from gradio.context import LocalContext
 
+from specdec import speculative_generate
 from specdec.core.limits import Budget
-from specdec.dashboard import handlers
+from specdec.dashboard import handlers, teach
 from specdec.dashboard.config import AppConfig
 from specdec.dashboard.hub import ModelHub
+from specdec.dashboard.layout import DELETE_CACHE, build_demo
 from specdec.dashboard.runs import DecodeRequest, RunControl, SEED_MAX, StopToken, stream
-from specdec.dashboard.tabs import compare
+from specdec.dashboard.tabs import compare, live, step
 from specdec.models import ModelPool, aligned, cache, entries
-from tiny_models import write_tiny_models
+from specdec.testing import perturbed_copy, tiny_model
+from tiny_models import Progress, write_tiny_models
 
 CONFIG = AppConfig(max_new_tokens_cap=16, max_prompt_chars=200)
 GOOD = dict(target="t", draft="d", prompt="hello", k=3, max_new_tokens=8, temperature=0.0, top_p=1.0, seed=0)
@@ -231,7 +236,7 @@ def test_an_unknown_aligned_draft_shows_neither_the_cache_nor_drafts_the_host_do
 
 def test_a_model_name_has_a_length_cap(tiny):
     hub, paths = tiny
-    with pytest.raises(gr.Error, match="a target name is at most 300 characters, got 5000") as error:
+    with pytest.raises(gr.Error, match="a target name is at most 4096 characters, got 5000") as error:
         handlers.speculate(hub, "x" * 5000, paths["draft"], "hello", 2, 4, 0.0, 0)
     assert "xxxx" not in str(error.value)
 
@@ -252,3 +257,46 @@ def test_damaged_weights_in_a_folder_are_one_clear_line(tiny, tmp_path):
     (broken / "model.safetensors").write_bytes(b"\x08" + b"\x00" * 7 + b"{not json")
     with pytest.raises(gr.Error, match="cannot load a causal LM and tokenizer from"):
         handlers.speculate(hub, str(broken), paths["draft"], "hello", 2, 4, 0.0, 0)
+
+
+def test_a_session_s_downloads_stay_in_one_folder_that_goes_with_the_session():
+    target = tiny_model("llama", seed=0)
+    result = speculative_generate(target, perturbed_copy(target, 0.3), [5, 6, 7, 8], k=3, max_new_tokens=8)
+    control, other = RunControl(), RunControl()
+    folders = set()
+    for session in (control, control, other):
+        live.remember(session, result, None, None)
+        _figure, json_path, csv_path = live.after_live(session)
+        assert Path(json_path).parent == Path(csv_path).parent
+        folders.add(Path(json_path).parent)
+    mine, theirs = sorted(folders, key=lambda f: f != live.export_folder(control))
+    assert len(folders) == 2 and mine.is_dir()  # one folder per session, written again by its next run
+    live.forget(control)  # Gradio deletes the session's state
+    assert not mine.exists() and theirs.is_dir() and live.after_live(control)[1] == gr.skip()
+    del other, session
+    gc.collect()  # a session Gradio dropped without deleting it: its folder goes with its RunControl
+    assert not theirs.exists()
+
+
+def test_the_app_deletes_gradio_s_copies_and_each_session_s_state(tiny):
+    hub, _ = tiny
+    demo = build_demo(CONFIG, hub)
+    assert demo.delete_cache == DELETE_CACHE
+    states = {type(block.value() if callable(block.value) else block.value).__name__: block
+              for block in demo.blocks.values() if isinstance(block, gr.State)}
+    assert states["RunControl"].delete_callback is live.forget
+    stepping = states["StepSession"]
+    assert stepping.delete_callback is step.StepSession.close and stepping.time_to_live == teach.IDLE_S
+
+
+def test_closing_a_step_through_session_ends_its_decode_and_lets_go_of_its_models(tiny):
+    hub, paths = tiny
+    session = step.StepSession()
+    step.step_start(hub, paths["target"], paths["draft"], "auto", "hello", 2, 12, False, 1.0, 1.0, 0, session,
+                     progress=Progress())
+    stepper = session.stepper
+    assert stepper._thread.is_alive()  # paused after its first round, holding its KV cache
+    step.StepSession.close(session)
+    stepper._thread.join(10)
+    assert not stepper._thread.is_alive() and session.target is None and session.draft is None
+    assert "Start step-through" in step.step_next(session)[2]

@@ -13,14 +13,12 @@ from specdec.core.costmodel import CostModel
 from specdec.core.limits import Budget
 from specdec.costs.calibration import calibrate
 from specdec.drafters import HYBRID_SUFFIX, DraftSpec, Vocabulary
+from specdec.drafters.spec import MAX_SPEC_CHARS
 from specdec.models import aligned, entries
 
 from specdec.dashboard.config import AppConfig, MODEL_DRAFTERS, proxied
 
 VOCABULARIES = tuple(mode.value for mode in Vocabulary)  # the vocabulary modes the UI offers (specdec.drafters.spec)
-
-
-MAX_NAME_CHARS = 300  # longest model name, path or id a visitor may send
 
 
 class ModelHub:
@@ -96,9 +94,9 @@ class ModelHub:
         A draft is read by `DraftSpec.parse` (the factory's own grammar); the model it names, if any, is checked."""
         if not name:
             raise ValueError(f"choose a {role} model")
-        if len(name) > MAX_NAME_CHARS:
-            raise ValueError(f"a {role} name is at most {MAX_NAME_CHARS} characters, got {len(name)}")
         if role != "draft":
+            if len(name) > MAX_SPEC_CHARS:  # a draft's length is DraftSpec.parse's to check
+                raise ValueError(f"a {role} name is at most {MAX_SPEC_CHARS} characters, got {len(name)}")
             return self._check_model(name)
         spec = DraftSpec.parse(name)
         if spec.vocabulary_file and not self.allows("allow_custom_models"):

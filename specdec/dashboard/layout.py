@@ -15,6 +15,7 @@ from specdec.dashboard.panels import CSS as PANELS_CSS
 from specdec.dashboard.tabs import compare, live, step, theory
 
 CSS = CHIPS_CSS + PANELS_CSS + step.CSS + compare.CSS
+DELETE_CACHE = (3600, 3600)  # Gradio's copies of the downloads: every hour, those older than an hour are deleted
 INTRO = """# specdec — watch speculative decoding, round by round
 A small **draft** proposes *k* tokens, the **target** checks them all in one forward and keeps the longest
 prefix it agrees with, plus one token of its own. Greedy output is exactly the target's; the question is how
@@ -26,7 +27,7 @@ def build_demo(config: AppConfig, hub: ModelHub | None = None) -> gr.Blocks:
     """The whole app for `config`; `hub` defaults to one over specdec.models' shared pool."""
     hub = hub or ModelHub(config)
     model_box = partial(gr.Dropdown, allow_custom_value=config.allow_custom_models, filterable=True)
-    with gr.Blocks(title="specdec — speculative decoding lab") as demo:
+    with gr.Blocks(title="specdec — speculative decoding lab", delete_cache=DELETE_CACHE) as demo:
         gr.Markdown(INTRO)
         gr.Markdown(hub.memory, elem_id="memory")  # a callable: read again on every page load
         with gr.Tabs():

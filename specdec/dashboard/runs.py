@@ -101,9 +101,11 @@ class RunControl:
         self.waiting = False  # a request of this session is in the queue, not started yet
         self.stopped_while_waiting = False  # Stop was pressed during that wait
 
-    def queued(self) -> None:
-        """Run was clicked (called at once, before the request waits in the queue)."""
+    def queued(self) -> "RunControl":
+        """Run was clicked (called at once, before the request waits in the queue); returns itself, so Gradio
+        keeps it as the session's state (and deletes it, `delete_callback`, once the session has ended)."""
         self.waiting, self.stopped_while_waiting = True, False
+        return self
 
     def start(self, budget: Budget = Budget()) -> StopToken:
         """A fresh flag for a starting request (already set if Stop came while it was queued)."""

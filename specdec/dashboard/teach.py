@@ -12,7 +12,8 @@ from typing import Callable
 
 from specdec.core.trace import GenerationResult, Round
 
-IDLE_S = 600.0  # a paused step-through ends (its worker thread returns) after this long without a click
+IDLE_S = 600.0  # a paused step-through ends (its worker thread returns) after this long without a click; its
+# session state is deleted (`tabs.step.StepSession.close`: models and KV cache let go) as long after the last click
 
 
 class Stepper:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 import tempfile
 import weakref
 from dataclasses import dataclass
@@ -76,7 +77,8 @@ class LiveView(NamedTuple):
 def build(config: AppConfig, hub: ModelHub, model_box) -> LiveTab:
     """The tab's components and events (inside `gr.Tabs`); `model_box` makes a model dropdown."""
     custom = config.allow_custom_models
-    control = gr.State(RunControl)  # per browser session: the Stop button's handle on its own decode
+    control = gr.State(RunControl, delete_callback=forget)  # per browser session: the Stop button's handle on its
+    # own decode (and its downloads, removed with the session)
     with gr.Tab("Live decode", id="live"):
         with gr.Row():
             with gr.Column(scale=1, min_width=320):
@@ -90,7 +92,8 @@ def build(config: AppConfig, hub: ModelHub, model_box) -> LiveTab:
                 classroom_button = gr.Button("Classroom preset: quick enough to watch on a laptop CPU", size="sm",
                                              elem_id="classroom")
                 prompt = gr.Textbox(next(iter(PROMPTS.values())), label="prompt", lines=4, elem_id="prompt",
-                                    info=f"at most {config.max_prompt_chars} characters on this host")
+                                    info=f"at most {config.max_prompt_tokens} tokens "
+                                         f"({config.max_prompt_chars} characters) on this host")
                 k = gr.Dropdown(K_CHOICES, value="auto", label="k: draft tokens per round", elem_id="k",
                                 info="auto: chosen each round (0 = a plain target step) from the measured "
                                      "acceptance and what verification costs on this machine")
@@ -127,7 +130,7 @@ def build(config: AppConfig, hub: ModelHub, model_box) -> LiveTab:
     private(preset.change, preset_prompt, preset, prompt)
     private(classroom_button.click, partial(classroom, config.max_new_tokens_cap), None,
             [target, draft, preset, prompt, k, max_new], queue=False)
-    queued = private(run.click, RunControl.queued, control, queue=False)  # Stop keeps working while it waits
+    queued = private(run.click, RunControl.queued, control, control, queue=False)  # Stop works while it waits
     decoded = private(queued.then, on_gpu(partial(live_decode, hub), config), [*settings, baseline, control],
                       [chips, table, acceptance_plot, histogram_plot, positions_plot, stats, status],
                       concurrency_id=DECODE)
@@ -223,6 +226,8 @@ class LiveRun:
 
 
 _LAST: "weakref.WeakKeyDictionary[object, LiveRun]" = weakref.WeakKeyDictionary()  # per session's RunControl
+_EXPORTS: "weakref.WeakKeyDictionary[object, tuple[Path, weakref.finalize]]" = weakref.WeakKeyDictionary()  # its
+# download folder and what removes it
 
 
 def remember(control, result: GenerationResult, baseline: GenerationResult | None, tokenizer) -> None:
@@ -235,13 +240,31 @@ def after_live(control):
     run = _LAST.get(control)
     if run is None:
         return gr.skip(), gr.skip(), gr.skip()
-    json_path, csv_path = export_files(run.result, run.tokenizer)
+    json_path, csv_path = export_files(run.result, run.tokenizer, export_folder(control))
     return waterfall_figure(cost_waterfall(run.result, run.baseline)), json_path, csv_path
 
 
-def export_files(result: GenerationResult, tokenizer, folder: str | Path | None = None) -> tuple[str, str]:
+def export_folder(control) -> Path:
+    """A session's download folder: made at its first run, written again by the next ones, removed with the
+    session (`forget`, or once its RunControl is garbage-collected)."""
+    if control not in _EXPORTS:
+        folder = Path(tempfile.mkdtemp(prefix="specdec-export-"))
+        _EXPORTS[control] = folder, weakref.finalize(control, shutil.rmtree, folder, True)
+    return _EXPORTS[control][0]
+
+
+def forget(control) -> None:
+    """A session's RunControl is deleted (Gradio's state deletion, after its tab closed): its last run and its
+    downloads go."""
+    _LAST.pop(control, None)
+    folder = _EXPORTS.pop(control, None)
+    if folder is not None:
+        folder[1]()  # removes the folder now (a finalizer runs once)
+
+
+def export_files(result: GenerationResult, tokenizer, folder: str | Path) -> tuple[str, str]:
     """Write the run as specdec-run.json (`to_dict()`, the API's schema) and specdec-rounds.csv (the round table)."""
-    folder = Path(folder or tempfile.mkdtemp(prefix="specdec-export-"))
+    folder = Path(folder)
     json_path, csv_path = folder / "specdec-run.json", folder / "specdec-rounds.csv"
     json_path.write_text(json.dumps(result.to_dict(), ensure_ascii=False, indent=1), encoding="utf-8")
     rows = round_rows(result, tokenizer)

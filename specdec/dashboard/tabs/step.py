@@ -24,7 +24,7 @@ from specdec.dashboard.events import DECODE, private
 from specdec.dashboard.handlers import check_prompt, run_speculative, user_errors
 from specdec.dashboard.hub import ModelHub
 from specdec.dashboard.runs import DecodeRequest
-from specdec.dashboard.teach import Stepper
+from specdec.dashboard.teach import IDLE_S, Stepper
 
 CSS = """
 .step-table { border-collapse: collapse; font-family: ui-monospace, SFMono-Regular, Menlo, monospace; }
@@ -41,7 +41,8 @@ INTRO = ("Uses the pair, prompt and settings above. **Next round** runs exactly 
 
 def build(hub: ModelHub, settings) -> None:
     """The section's components and events, decoding with the live tab's `settings` (a `live.Settings`)."""
-    session = gr.State(StepSession)  # per browser session: the paused step-through decode
+    session = gr.State(StepSession, time_to_live=IDLE_S,  # per browser session: the paused step-through decode,
+                       delete_callback=StepSession.close)  # let go IDLE_S after the last click
     with gr.Accordion("Step through: one round at a time, one position up close", open=True):
         gr.Markdown(INTRO)
         with gr.Row():
@@ -58,8 +59,9 @@ def build(hub: ModelHub, settings) -> None:
         plot = gr.Plot(label="one position: p_draft, p_target and the rule", elem_id="position-plot")
 
     shown = [panel, chips, status, round_index]
-    private(start.click, partial(step_start, hub), [*settings, session], shown, concurrency_id=DECODE)
-    private(next_button.click, step_next, session, shown, concurrency_id=DECODE)
+    for clicked in (private(start.click, partial(step_start, hub), [*settings, session], shown, concurrency_id=DECODE),
+                    private(next_button.click, step_next, session, shown, concurrency_id=DECODE)):
+        private(clicked.then, touch, session, session, queue=False)  # its time to live counts again from now
     private(show.click, show_position, [session, round_index, position], [plot, text], concurrency_id=DECODE)
 
 
@@ -73,9 +75,15 @@ class StepSession:
         self.draft = None  # the draft as the engine got it
 
     def close(self) -> None:
+        """End the paused decode (its thread returns, and the KV cache with it) and let go of the models."""
         if self.stepper is not None:
             self.stepper.close()
-        self.stepper = None
+        self.stepper = self.request = self.target = self.draft = None
+
+
+def touch(session: StepSession) -> StepSession:
+    """A session's state handed back to Gradio as it is: its time to live counts again from now."""
+    return session
 
 
 @user_errors
