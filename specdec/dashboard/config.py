@@ -19,6 +19,7 @@ Every knob a host needs (a laptop, a free CPU Hugging Face Space) is an environm
 | SPECDEC_UNALIGNED | default_unaligned | the catalogue's first unaligned draft |
 | SPECDEC_ALLOW_TRAINING | allow_training | 1 where the app is private, else 0 (preparing and distilling aligned drafts) |
 | SPECDEC_MAX_DISTILL_STEPS | max_distill_steps | 200 |
+| SPECDEC_MAX_DISTILL_JOBS | max_distill_jobs | 1 |
 
 The app is private only when every signal says so: a loopback host (127.x, localhost, ::1), no share link
 (GRADIO_SHARE), not a Hugging Face Space (SPACE_ID), and, per request, no reverse proxy in front of it (a
@@ -79,6 +80,7 @@ class AppConfig:
     default_unaligned: str = ""  # preselected other-tokenizer draft of the compare tab ("" = the catalogue's first)
     allow_training: bool = True  # visitors may prepare (transplant) and distil aligned drafts: CPU and disk heavy
     max_distill_steps: int = 200  # most optimizer steps one distillation started from the app may run
+    max_distill_jobs: int = 1  # distillations running at once (each takes the CPU for minutes)
     public: bool = False  # served beyond this machine: a non-loopback host, a share link or a Space
     explicit: tuple[str, ...] = ()  # allow_* fields the host set by their variable: they hold for proxied requests too
 
@@ -107,6 +109,7 @@ class AppConfig:
             default_unaligned=environ.get("SPECDEC_UNALIGNED", ""),
             allow_training=_flag(environ, "SPECDEC_ALLOW_TRAINING", not public),
             max_distill_steps=_integer(environ, "SPECDEC_MAX_DISTILL_STEPS", cls.max_distill_steps, 1, 100_000),
+            max_distill_jobs=_integer(environ, "SPECDEC_MAX_DISTILL_JOBS", cls.max_distill_jobs, 1, 64),
             public=public,
             explicit=tuple(field for field, name in EXPLICIT.items() if environ.get(name, "").strip()),
         )

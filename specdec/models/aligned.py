@@ -25,7 +25,8 @@ from specdec.models import cache, entries
 PREFIX = "aligned:"  # spec prefix naming a registered aligned draft
 CARD = "card.json"  # the card's file inside an aligned draft's folder
 METHODS = ("transplant", "transplant+distill", "distill")
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,79}$")  # a folder name on every file system
+NAME_CHARS = 80  # longest registry name
+NAME = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9._-]{{0,{NAME_CHARS - 1}}}$")  # a folder name on every file system
 
 
 @dataclass
@@ -68,13 +69,13 @@ def folder(name: str) -> Path:
 
 def check_name(name: str) -> str:
     if not isinstance(name, str) or not NAME.match(name):
-        raise ValueError(f"an aligned draft's name is 1-80 letters, digits, '.', '_' or '-', got {name!r}")
+        raise ValueError(f"an aligned draft's name is 1-{NAME_CHARS} letters, digits, '.', '_' or '-', got {name!r}")
     return name
 
 
 def name_for(text: str) -> str:
     """A registry name made from free text (a folder name, "source-domain"): other characters become "-"."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-._")[:80] or "aligned"
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-._")[:NAME_CHARS] or "aligned"
 
 
 def model_id(spec: str) -> str:

@@ -119,13 +119,17 @@ def gguf_path(file_name: str) -> Path:
 
 
 @contextlib.contextmanager
-def locked(final: Path) -> Iterator[None]:
+def locked(final: Path, busy: str = "") -> Iterator[None]:
     """Hold the exclusive lock of destination `final` (one writer across threads and processes).
 
+    busy: when given, do not wait: a ValueError with this message while another holds the lock.
     Partials of `final` whose writer is dead are removed first (a folder moved aside is put back).
     """
     with open(_lock_path(final), "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)  # released on close, or by the kernel when the process dies
+        try:  # released on close, or by the kernel when the process dies
+            fcntl.flock(handle, fcntl.LOCK_EX | (fcntl.LOCK_NB if busy else 0))
+        except BlockingIOError:
+            raise ValueError(busy) from None
         for partial in final.parent.glob(f"{final.name}{PARTIAL}*"):
             _reap(partial, destination_free=True)
         yield

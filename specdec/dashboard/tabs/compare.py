@@ -86,6 +86,8 @@ def build(config: AppConfig, hub: ModelHub, demo: gr.Blocks, model_box, live_dra
                                          maximum=config.max_distill_steps, label="optimizer steps")
                 distil_run = gr.Button("Distil it (in the background)", elem_id="distil-run",
                                        interactive=config.allow_training)
+                distil_cancel = gr.Button("Cancel its distillation", elem_id="distil-cancel", size="sm",
+                                          interactive=config.allow_training)
             prepare_status = gr.Markdown(elem_id="prepare-status")
             jobs_status = gr.Markdown(elem_id="distil-jobs")
             jobs_timer = gr.Timer(2.0, active=config.allow_training)
@@ -100,6 +102,7 @@ def build(config: AppConfig, hub: ModelHub, demo: gr.Blocks, model_box, live_dra
                        [target, source, domain, name], [prepare_status, distil_choice], concurrency_id=DECODE)
     private(distil_run.click, partial(start_distill, hub), [distil_choice, distil_steps], prepare_status,
             concurrency_id=DECODE)
+    private(distil_cancel.click, partial(cancel_distill, hub), distil_choice, prepare_status, queue=False)
     watch = partial(training_status, hub, compare_columns=len(drafts))
     watched = [jobs_status, known, live_draft, *drafts, distil_choice]
     private(jobs_timer.tick, watch, known, watched, queue=False)
@@ -188,7 +191,9 @@ def prepare_aligned(hub: ModelHub, target, source, domain, name, progress=gr.Pro
     _training_allowed(hub)
     if domain not in available_suites():
         raise ValueError(f"domain must be one of the prompt suites: {', '.join(available_suites())}")
-    name = aligned.check_name((name or "").strip() or aligned.name_for(f"{Path(source or '').name}-{domain}"))
+    room = aligned.NAME_CHARS - len(service.DISTILLED_SUFFIX)  # its distilled copy adds the suffix
+    name = (name or "").strip() or aligned.name_for(f"{Path(source or '').name}-{domain}")[:room]
+    service.distilled_name(name)  # refused now when its distilled copy could not be registered later
     target_model = hub.target(target, progress=progress)
     source_model = hub.model(source, "draft", progress=progress, load_as="train")
     card = service.transplant(target_model, source_model, name=name, domain=domain, progress=stages(progress))
@@ -207,10 +212,22 @@ def start_distill(hub: ModelHub, spec, steps, progress=gr.Progress()) -> str:
     steps = int(steps or 0)
     if not 1 <= steps <= cap:
         raise ValueError(f"steps must be an integer in 1..{cap} on this host (SPECDEC_MAX_DISTILL_STEPS)")
+    service.distilled_name(card.name)  # a name too long for its result fails now, not after the training
     target_model = hub.target(card.target, progress=progress)
     jobs.start(card.name, steps, lambda on_step: service.distil(target_model, card.name, steps=steps,
-                                                               progress=on_step).spec)
+                                                               progress=on_step).spec, hub.config.max_distill_jobs)
     return f"distilling {card.name} for {steps} steps in the background: progress below (it survives a reload)"
+
+
+@user_errors
+def cancel_distill(hub: ModelHub, spec) -> str:
+    """Stop the background distillation of the aligned draft `spec` after its current step."""
+    _training_allowed(hub)
+    card = aligned.find(spec or "")
+    if card is None:
+        raise ValueError("pick the aligned draft whose distillation to cancel")
+    jobs.cancel(card.name)
+    return f"cancelling {card.name} after its current step (its checkpoints stay: distilling it again resumes)"
 
 
 def training_status(hub: ModelHub, known: list[str] | None, compare_columns: int) -> tuple:
