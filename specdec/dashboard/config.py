@@ -17,7 +17,7 @@ Every knob a host needs (a laptop, a free CPU Hugging Face Space) is an environm
 | SPECDEC_DTYPE | dtype | auto (bfloat16 with native bf16 kernels, else float32); int8: the integer path |
 | SPECDEC_TARGET / SPECDEC_DRAFT | default_target / default_draft | the catalogue's default pair |
 | SPECDEC_UNALIGNED | default_unaligned | the catalogue's first unaligned draft |
-| SPECDEC_ALLOW_TRAINING | allow_training | 1 where the app is private, else 0 (preparing and distilling aligned drafts) |
+| SPECDEC_ALLOW_TRAINING | allow_training | 1 where the app is private, else 0 (preparing, distilling aligned drafts) |
 | SPECDEC_MAX_DISTILL_STEPS | max_distill_steps | 200 |
 | SPECDEC_MAX_DISTILL_JOBS | max_distill_jobs | 1 |
 
@@ -70,7 +70,7 @@ class AppConfig:
     allow_custom_models: bool = True  # accept free-text model folders / .gguf paths / hub ids / vocabulary files
     max_new_tokens_cap: int = 256  # largest max_new_tokens a visitor may ask for
     max_prompt_chars: int = 4000  # longest prompt text a visitor may send (checked before it is tokenized)
-    max_prompt_tokens: int = 1024  # longest prompt in the target's tokens (it is prefilled, then again for the baseline)
+    max_prompt_tokens: int = 1024  # longest prompt in the target's tokens (prefilled, then again for the baseline)
     time_limit_s: int = 120  # wall time of one request: loading, calibration, prefill and every decode of it
     concurrency: int = 1  # decodes running at once (each holds the CPU); the rest wait in the queue
     queue_size: int = 16  # requests waiting at most; one more is refused with a "busy" message

@@ -52,7 +52,8 @@ def redact(text: str) -> str:
     what a message may show a visitor."""
     for location, shown in ((str(root().resolve()), "<model cache>"), (str(root()), "<model cache>"),
                             (str(Path.home()), "~")):
-        text = text.replace(location, shown)
+        if len(location) > 1:  # a home of "/" is no location to hide
+            text = text.replace(location, shown)
     return text
 
 
@@ -94,7 +95,7 @@ def _intact(path: Path, entry) -> bool:
     return stat.st_size == entry["size"] and entry["fingerprint"] in (None, _known_fingerprint(path, stat))
 
 
-_fingerprints: dict[tuple, str] = {}  # (path, inode, size, mtime) -> fingerprint: a file is read again only when changed
+_fingerprints: dict[tuple, str] = {}  # (path, inode, size, mtime) -> fingerprint: a changed file is read again
 
 
 def _known_fingerprint(path: Path, stat: os.stat_result) -> str:
