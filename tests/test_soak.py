@@ -30,7 +30,7 @@ HOSTILE = [  # (changes to a good request, words of its one-line refusal)
     (dict(prompt="x" * 5000), "this host takes at most 400"),
     (dict(prompt="鬱龘靐齉" * 60), "at most 64 are allowed"),  # 240 characters, far more tokens
     (dict(draft="aligned:nope"), "does not offer aligned draft"),
-    (dict(target="m" * 4000), "a target name is at most 300 characters"),
+    (dict(target="m" * 5000), "a target name is at most 4096 characters"),
     (dict(draft="lookup@vocab=/etc/passwd"), "not a JSON draft vocabulary"),
     (dict(target="../../no/such/folder"), "folder not found"),
     (dict(temperature="nan"), "finite number"),
