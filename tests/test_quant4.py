@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from specdec import autoregressive_generate, speculative_generate
-from specdec.models import cache, load_draft, load_model, quant, quant4, quant_store
+from specdec.models import cache, gguf_read, load_draft, load_model, quant, quant4, quant_store
 from specdec.models.quant import ROWWISE_ATTENTION, Int8Linear
 from specdec.models.quant4 import GROUP_SIZE, Int4Embedding, Int4Linear, quantize_int4
 from specdec.testing import perturbed_copy, tiny_folder, tiny_model
@@ -301,7 +301,7 @@ def test_a_gguf_of_another_architecture_is_one_clear_line(tmp_path, monkeypatch)
 
     path = tmp_path / "tiny.gguf"
     write_tiny_gguf(path, tiny_model("llama", 0, vocab_size=300))
-    monkeypatch.setitem(quant4.TENSOR_PROCESSORS, "llama", GPT2TensorProcessor)  # as if it needed another fix
+    monkeypatch.setitem(gguf_read.TENSOR_PROCESSORS, "llama", GPT2TensorProcessor)  # as if it needed another fix
     with pytest.raises(ValueError, match="llama- and qwen2-style GGUFs") as error:
         load_model(str(path), quant="int4")
     assert "\n" not in str(error.value)

@@ -23,7 +23,7 @@ import torch
 from safetensors import SafetensorError
 
 from specdec.drafters import Vocabulary, from_spec
-from specdec.models import aligned, cache, convert, entries, formats, hub, quant, quant_store
+from specdec.models import aligned, cache, convert, entries, formats, gguf_read, hub, quant, quant_store
 from specdec.models.cache import Progress
 from specdec.models.speed import apply_speed_levers
 
@@ -42,7 +42,7 @@ class LoadedModel:
     tokenizer: object  # its transformers tokenizer
     source: str  # where the weights were read from this time: cache/package/folder/aligned/gguf/hub/modelscope,
     # or "cache (int8)" / "cache (int4)" (a quantized model read from its store, specdec.models.quant_store)
-    path: Path  # the local folder (or .gguf file) the weights came from (int8: the float32 folder quantized)
+    path: Path  # the local folder (or .gguf file) the weights came from (int8 / int4: the GGUF or folder quantized)
     dtype: str  # one of formats.FORMATS: "float32", "bfloat16", "int8" (quant.quantize_int8), "int4" (quant4), ...
     device: str = "cpu"  # torch device the weights live on
     load_seconds: float = 0.0  # wall time of this load, assembly and conversion included
@@ -100,8 +100,8 @@ def architecture(spec: str):
         converted = cache.converted_dtypes(entry.name)
         if converted:
             return AutoConfig.from_pretrained(cache.converted_dir(entry.name, converted[0]))
-        if entry.package and entry.package.installed():
-            gguf = _assembled(entry.package, None)
+        if package := _package(entry):
+            gguf = _assembled(package, None)
             return AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
     path = Path(spec.strip()).expanduser()
     if path.suffix.lower() == ".gguf" and path.is_file():
@@ -115,11 +115,11 @@ def load_model(spec: str, *, dtype="auto", device: str = "auto", trust_remote_co
     """Load `spec` (see the module docstring) as a LoadedModel in eval mode.
 
     dtype: a weight format (`formats.FORMATS`), or "auto", the fastest measured here for `role` ("target" or
-    "draft"; `resolve_dtype`). "int8" (or quant="int8"): the float32 model quantized by `quantize_int8`, stored
-    once and read back by later loads (`specdec.models.quant_store`); "int8-dynamic": those int8 weights run by
-    fbgemm's dynamic quantization (`quant.couple_rows`, a draft's form). "int4" (or quant="int4"): the 4-bit path
-    of `specdec.models.quant4`, built straight from the GGUF of a catalogue package or a .gguf file (no float32
-    copy), else from the float32 folder; stored the same way.
+    "draft"; `resolve_dtype`). "int8" (or quant="int8"): the row-invariant int8 model (`specdec.models.quant`),
+    "int4" (or quant="int4") the 4-bit one (`specdec.models.quant4`), each built straight from the GGUF of a
+    catalogue package or a .gguf file (no float32 copy), else quantized from the float32 folder, stored once and
+    read back by later loads (`specdec.models.quant_store`); "int8-dynamic": those int8 weights run by fbgemm's
+    dynamic quantization (`quant.couple_rows`, a draft's form).
     """
     if quant not in QUANTS:
         raise ValueError(f"quant must be one of {', '.join(QUANTS)}, got {quant!r}")
@@ -133,60 +133,59 @@ def load_model(spec: str, *, dtype="auto", device: str = "auto", trust_remote_co
             raise ValueError(f"quant {quant} quantizes float32 weights; got dtype {dtype!r}")
         dtype = quant
     dtype = resolve_dtype(dtype, device, spec, role)
-    if dtype == "int4":
-        return _load_int4(spec, trust_remote_code, progress)
     if dtype in formats.CPU_ONLY:
-        return _load_int8(spec, dtype, trust_remote_code, progress)
+        return _load_quantized(spec, dtype, trust_remote_code, progress)
     name, folder, source = _resolve(spec.strip(), dtype, progress)
     model, tokenizer = _from_folder(folder, dtype, device, trust_remote_code)
     apply_speed_levers(model)
     return LoadedModel(name, model, tokenizer, source, folder, dtype, device, time.perf_counter() - start)
 
 
-def _load_int8(spec, dtype, trust_remote_code, progress) -> LoadedModel:
-    """The int8 model of `spec`'s float32 folder (from its int8 store, or quantized now and stored), in `dtype`
-    ("int8", or "int8-dynamic": the same weights run by fbgemm's dynamic quantization)."""
+def _load_quantized(spec, dtype, trust_remote_code, progress) -> LoadedModel:
+    """The int8 or int4 model of `spec` in `dtype` ("int8", "int4", or "int8-dynamic": the int8 weights run by
+    fbgemm's dynamic quantization)."""
     start = time.perf_counter()
-    name, folder, source = _resolve(spec.strip(), "float32", progress)
-    float32 = lambda: _from_folder(folder, "float32", "cpu", trust_remote_code)  # noqa: E731 - only when storing
-    model, tokenizer, stored = quant_store.load_int8(folder, float32, trust_remote_code, progress)
-    source = quant_store.INT8.cache_source if stored else source
+    name, path, source, made = _quantized(spec.strip(), dtype, trust_remote_code, progress)
     if dtype == "int8-dynamic":
-        quant.couple_rows(model)
-    return LoadedModel(name, model, tokenizer, source, folder, dtype, "cpu", time.perf_counter() - start)
+        quant.couple_rows(made.model)
+    return LoadedModel(name, made.model, made.tokenizer, source, path, dtype, "cpu", time.perf_counter() - start)
 
 
-def _load_int4(spec, trust_remote_code, progress) -> LoadedModel:
-    """The int4 model of `spec`: from its int4 store, else built straight from its GGUF (a catalogue package, a
-    .gguf file) or quantized from its float32 folder (any other spec), and stored."""
-    start, spec = time.perf_counter(), spec.strip()
+def _quantized(spec: str, dtype: str, trust_remote_code: bool,
+               progress: Progress | None) -> tuple[str, Path, str, quant_store.Quantized]:
+    """(name, path, source, quantized model) of `spec` in int4 (`dtype` "int4") or int8 (the others): from its
+    store, else built straight from its GGUF (a catalogue package here, a .gguf file; for int8 one whose
+    architecture `gguf_read.reads`, others are converted) or quantized from its float32 folder (any other spec),
+    and stored."""
+    form = quant_store.INT4 if dtype == "int4" else quant_store.INT8
     entry, path = entries.find(spec), Path(spec).expanduser()
-    package = entry.package if entry is not None else None
-    if package and (package.installed() or cache.gguf_path(package.gguf).is_file()):
+    if package := _package(entry):
         name, path, source = entry.name, cache.gguf_path(package.gguf), "package"
-        model, tokenizer, stored = quant_store.load_int4_gguf(
-            entry.name, f"sha256:{package.sha256}", lambda: _assembled(package, progress), progress)
-    elif entry is None and path.suffix.lower() == ".gguf":
-        if not path.is_file():
-            raise ValueError(f"GGUF file not found: {path}")
-        key, identity = _gguf_key(path)
-        name, source = path.stem, "gguf"
-        model, tokenizer, stored = quant_store.load_int4_gguf(key, identity, lambda: path, progress)
+        made = quant_store.load_gguf(form, entry.name, f"sha256:{package.sha256}",
+                                     lambda: _assembled(package, progress), progress)
+    elif entry is None and path.suffix.lower() == ".gguf" and path.is_file() and (
+            form is quant_store.INT4 or gguf_read.reads(path)):
+        (key, identity), name, source = _gguf_key(path), path.stem, "gguf"
+        made = quant_store.load_gguf(form, key, identity, lambda: path, progress)
     else:
         name, path, source = _resolve(spec, "float32", progress)
         float32 = lambda: _from_folder(path, "float32", "cpu", trust_remote_code)  # noqa: E731 - only when storing
-        model, tokenizer, stored = quant_store.load_int4(path, float32, trust_remote_code, progress)
-    source = quant_store.INT4.cache_source if stored else source
-    return LoadedModel(name, model, tokenizer, source, path, "int4", "cpu", time.perf_counter() - start)
+        load = quant_store.load_int4 if form is quant_store.INT4 else quant_store.load_int8
+        made = load(path, float32, trust_remote_code, progress)
+    return name, path, form.cache_source if made.stored else source, made
 
 
 def prepare(spec: str, *, dtype="auto", device: str = "auto", progress: Progress | None = None) -> tuple[Path, str]:
-    """Make `spec` loadable offline in about a second (assemble, convert or download) without loading it.
+    """Make `spec` loadable offline in about a second (assemble, convert or download; int8, int8-dynamic and int4:
+    make its quantized store) without keeping it loaded.
 
-    Returns (local folder, source it came from)."""
+    Returns (local folder, source it came from); for a quantized format the folder is its store."""
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device, spec)
-    _, folder, source = _resolve(spec.strip(), "float32" if dtype in formats.CPU_ONLY else dtype, progress)
+    if dtype in formats.CPU_ONLY:
+        _, _, source, made = _quantized(spec.strip(), dtype, False, progress)
+        return made.store, source
+    _, folder, source = _resolve(spec.strip(), dtype, progress)
     return folder, source
 
 
@@ -247,6 +246,12 @@ def _resolve_entry(entry: entries.CatalogueEntry, dtype: str, progress: Progress
                 reasons.append(str(error))
     raise ValueError(f"{entry.name} is not available on this machine. To get it: {entry.how_to_get()}. "
                      + " | ".join(reasons))
+
+
+def _package(entry: entries.CatalogueEntry | None) -> entries.PackageSource | None:
+    """The entry's package when its GGUF is here: the package installed, or the GGUF assembled in the cache."""
+    package = entry.package if entry is not None else None
+    return package if package and (package.installed() or cache.gguf_path(package.gguf).is_file()) else None
 
 
 def _assembled(package: entries.PackageSource, progress: Progress | None) -> Path:

@@ -19,17 +19,25 @@ row-invariant instead (kernel measurements: docs/performance.md):
 
 So greedy speculative output with an int8 target equals that int8 target alone, by construction. The
 int8 target is a different target from the float32 one: report which one a run verifies against.
+
+Three ways in: `quantize_int8(model)` quantizes a float32 model; `int8_from_gguf(path)` makes the same model, bit
+for bit, straight from a GGUF one tensor at a time (no float32 copy); `int8_from_state` rebuilds a stored one
+(`specdec.models.quant_store`).
 """
 from __future__ import annotations
 
 import functools
 import warnings
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.pytorch_utils import Conv1D
+
+from specdec.models import gguf_read
+from specdec.models.gguf_read import GGUFWeights
 
 ROWWISE_ATTENTION = "specdec_rowwise"  # name of rowwise_attention in transformers' attention interface
 INT8_MAX = 127  # symmetric range [-127, 127]: -128 is never used, so negation is exact
@@ -114,6 +122,12 @@ def _same_sums(packed, weight: torch.Tensor) -> bool:
     return torch.equal(_fbgemm_mm(x_q, packed), _int_mm(x_q, weight))
 
 
+def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[out, in] float -> (int8 [out, in] in [-W, W], float32 scale [out]), W = `weight_limit()`, row by row."""
+    weight_q, weight_scale = _quantize_rows(weight.detach().float(), weight_limit())
+    return weight_q.to(torch.int8), weight_scale
+
+
 class Int8Linear(torch.nn.Module):
     """y = x W.T + b with W int8 per output channel (|w| <= weight_limit()), x int8 per row, exact integer sums
     (row-invariant).
@@ -128,8 +142,7 @@ class Int8Linear(torch.nn.Module):
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
-        weight_q, weight_scale = _quantize_rows(weight.detach().float(), weight_limit())  # [out, in], [out]
-        self._hold(weight_q.to(torch.int8), weight_scale, bias)
+        self._hold(*quantize_weight(weight), bias)
 
     @classmethod
     def from_module(cls, module: torch.nn.Module) -> "Int8Linear":
@@ -291,13 +304,45 @@ def int8_from_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> t
     quantizing packs); every other tensor is assigned from `state`. A missing or unexpected key raises.
     """
     def stored_layer(name: str, modules: list[torch.nn.Module]) -> Int8Linear:
-        cls = SharedInputInt8 if len(modules) > 1 else Int8Linear
         bias = None if modules[0].bias is None else state[f"{name}.bias"]
-        return cls.from_quantized(state[f"{name}.weight"], state[f"{name}.weight_scale"], bias)
+        return _int8_layer(modules, state[f"{name}.weight"], state[f"{name}.weight_scale"], bias)
 
     _int8_layers(model, stored_layer)
     model.load_state_dict(state, strict=True, assign=True)
     return model
+
+
+def int8_from_gguf(path: Path) -> tuple[torch.nn.Module, object]:
+    """(int8 model in eval mode, tokenizer) of a llama- or qwen2-style GGUF, one tensor at a time, no float32 model
+    (`specdec.models.gguf_read`): the model `quantize_int8` makes of the GGUF's float32 conversion, bit for bit.
+
+    Each tensor is dequantized (gguf's dequantization, as the conversion's) and every Linear's weight, q/k/v and
+    gate/up concatenated as quantize_int8 shares them, quantized to int8 row by row; embeddings, norms and biases
+    stay float32.
+    """
+    return gguf_read.from_gguf(path, _fill, "int8")
+
+
+def _fill(model: torch.nn.Module, weights: GGUFWeights) -> None:
+    """Replace `model`'s meta Linears by int8 layers quantized from `weights`, then assign the rest (float32)."""
+    names = {module: name for name, module in model.named_modules()}  # before any is replaced
+
+    def layer(name: str, modules: list[torch.nn.Module]) -> Int8Linear:
+        members = [names[module] for module in modules]  # one Linear, or the siblings of a shared input
+        weight = torch.cat([weights.float(f"{member}.weight") for member in members])  # [out, in]
+        bias = None if modules[0].bias is None else torch.cat([weights.float(f"{m}.bias") for m in members])
+        return _int8_layer(modules, *quantize_weight(weight), bias)
+
+    _int8_layers(model, layer)
+    rest = {name: weights.float(name) for name, parameter in model.named_parameters() if parameter.is_meta}
+    model.load_state_dict(rest, strict=False, assign=True)
+
+
+def _int8_layer(modules: list[torch.nn.Module], weight: torch.Tensor, weight_scale: torch.Tensor,
+                bias: torch.Tensor | None) -> Int8Linear:
+    """The int8 layer of `modules` (siblings reading one input, or one Linear) holding these quantized tensors."""
+    cls = SharedInputInt8 if len(modules) > 1 else Int8Linear
+    return cls.from_quantized(weight, weight_scale, bias)
 
 
 def _quantized_layer(name: str, modules: list[torch.nn.Module]) -> Int8Linear:

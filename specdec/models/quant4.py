@@ -32,12 +32,9 @@ from typing import NamedTuple
 import gguf
 import numpy as np
 import torch
-from accelerate import init_empty_weights
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-from transformers.modeling_gguf_pytorch_utils import (
-    TENSOR_PROCESSORS, LlamaTensorProcessor, TensorProcessor, get_gguf_hf_weights_map, read_field)
 
-from specdec.models import quant
+from specdec.models import gguf_read, quant
+from specdec.models.gguf_read import GGUFWeights, module_name
 from specdec.models.quant import Int8Linear
 
 GROUP_SIZE = 32  # inputs per scale and zero: q4_K's sub-block (the kernel takes 32..256 at one speed here)
@@ -47,7 +44,6 @@ OUT_MULTIPLE = 16  # the kernel packs outputs in blocks of 16 (other layers stay
 INNER_K_TILES = 1  # argument of the packing op; the CPU layout does not depend on it
 INT4_BELOW_BITS = 6  # GGUF types of fewer bits per weight become 4-bit; q6_K (6.6), q8_0 (8.5), floats int8
 FORMAT = 1  # layout of an int4 store (specdec.models.quant_store); bump on any change
-ROW_PROCESSORS = (TensorProcessor, LlamaTensorProcessor)  # transformers' GGUF tensor fixes that only reorder rows
 Q4_K_BYTES = 144  # a q4_K block: d, dmin (fp16), 12 bytes of 6-bit scales and mins, 128 bytes of codes
 Q4_K_SCALES = slice(4, 16)
 
@@ -189,7 +185,7 @@ def quantize_int4(model: torch.nn.Module) -> torch.nn.Module:
     parameter = next(model.parameters())
     if parameter.dtype != torch.float32 or parameter.device.type != "cpu":
         raise ValueError(f"quantize_int4 takes a float32 CPU model, got {parameter.dtype} on {parameter.device}")
-    head = _name_of(model, model.get_output_embeddings())
+    head = module_name(model, model.get_output_embeddings())
 
     def layer(name: str, modules: list[torch.nn.Module]) -> torch.nn.Module:
         (module,) = modules
@@ -214,7 +210,7 @@ def int4_from_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> t
             return Int4Linear.from_quantized(state[f"{name}.packed"], state[f"{name}.scales_and_zeros"], bias)
         return Int8Linear.from_quantized(state[f"{name}.weight"], state[f"{name}.weight_scale"], bias)
 
-    embedding = _name_of(model, model.get_input_embeddings())
+    embedding = module_name(model, model.get_input_embeddings())
     quant._int8_layers(model, stored_layer, share_inputs=False)
     if f"{embedding}.codes" in state:
         model.set_input_embeddings(Int4Embedding.from_quantized(
@@ -224,83 +220,42 @@ def int4_from_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> t
 
 
 def int4_from_gguf(path: Path) -> tuple[torch.nn.Module, object]:
-    """(int4 model in eval mode, tokenizer) of a llama- or qwen2-style GGUF, one tensor at a time, no float32 model.
+    """(int4 model in eval mode, tokenizer) of a llama- or qwen2-style GGUF, one tensor at a time, no float32 model
+    (`specdec.models.gguf_read`).
 
     Linears: q4_K codes kept; other types under INT4_BELOW_BITS requantized (Int4Linear); the rest, the head
     and shapes the kernel does not take Int8Linear. The embedding an Int4Embedding; norms and biases float32.
     """
-    try:
-        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        with init_empty_weights(include_buffers=False):  # parameters on meta; buffers (rotary tables) computed
-            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        model.generation_config = GenerationConfig.from_model_config(config)
-        weights = _GGUFWeights(path, model)
-        _fill(model, weights)
-    except (OSError, KeyError, RuntimeError, NotImplementedError) as error:
-        raise ValueError(f"cannot build an int4 model from {path.name}: {error}") from error
-    return model.eval(), tokenizer
+    return gguf_read.from_gguf(path, _fill, "int4")
 
 
-def _fill(model: torch.nn.Module, weights: "_GGUFWeights") -> None:
+def _fill(model: torch.nn.Module, weights: GGUFWeights) -> None:
     """Replace `model`'s meta Linears and embedding by quantized layers of `weights`, then assign the rest."""
-    head, embedding = _name_of(model, model.get_output_embeddings()), _name_of(model, model.get_input_embeddings())
-    head_weight = f"{head}.weight" if f"{head}.weight" in weights.tensors else f"{embedding}.weight"  # tied: one
+    head = module_name(model, model.get_output_embeddings())
+    embedding = module_name(model, model.get_input_embeddings())
 
     def layer(name: str, modules: list[torch.nn.Module]) -> torch.nn.Module:
         (module,) = modules
-        weight = head_weight if name == head else f"{name}.weight"
+        weight = f"{name}.weight"
         bias = None if module.bias is None else weights.float(f"{name}.bias")
-        if name != head and weights.low_bit(weight) and fits_int4(module.out_features, module.in_features):
-            return Int4Linear(weights.groups(weight), bias)
+        if name != head and weights.bits(weight) < INT4_BELOW_BITS and fits_int4(module.out_features,
+                                                                                  module.in_features):
+            return Int4Linear(_groups(weights, weight), bias)
         return Int8Linear(weights.float(weight), bias)
 
     dim = model.get_input_embeddings().embedding_dim
     quant._int8_layers(model, layer, share_inputs=False)
     if dim % GROUP_SIZE == 0:
-        model.set_input_embeddings(Int4Embedding(weights.groups(f"{embedding}.weight")))
+        model.set_input_embeddings(Int4Embedding(_groups(weights, f"{embedding}.weight")))
     rest = {name: weights.float(name) for name, parameter in model.named_parameters() if parameter.is_meta}
     model.load_state_dict(rest, strict=False, assign=True)
 
 
-class _GGUFWeights:
-    """A GGUF's tensors under a transformers model's names, read one at a time (memory-mapped), rows in
-    transformers' order (llama.cpp interleaves the rotary halves of llama q/k rows; the processor undoes it)."""
-
-    def __init__(self, path: Path, model: torch.nn.Module):
-        reader = gguf.GGUFReader(path)
-        architecture = read_field(reader, "general.architecture")[0]
-        processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)
-        if processor not in ROW_PROCESSORS:
-            raise NotImplementedError(f"int4 reads llama- and qwen2-style GGUFs, not {architecture}")
-        self.processor = processor(config=model.config.to_dict())
-        names = get_gguf_hf_weights_map(model, self.processor)  # gguf name -> transformers name
-        self.tensors = {names[t.name]: t for t in reader.tensors if t.name in names}
-
-    def low_bit(self, name: str) -> bool:
-        """Whether tensor `name` is stored in fewer than INT4_BELOW_BITS bits per weight."""
-        block, size = gguf.GGML_QUANT_SIZES[self.tensors[name].tensor_type]
-        return 8 * size / block < INT4_BELOW_BITS
-
-    def float(self, name: str) -> torch.Tensor:
-        """Tensor `name` dequantized: [rows, cols] or [n] float32."""
-        tensor = self.tensors[name]
-        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-        return torch.from_numpy(np.ascontiguousarray(values[self._rows(name)]))
-
-    def groups(self, name: str) -> Int4Groups:
-        """Tensor `name` as Int4Groups: a q4_K tensor's own codes, any other requantized."""
-        tensor = self.tensors[name]
-        if tensor.tensor_type != gguf.GGMLQuantizationType.Q4_K:
-            return groups_from_float(self.float(name))
-        rows = torch.from_numpy(self._rows(name))
-        return Int4Groups(*(part[rows] for part in groups_from_q4_k(tensor.data)))
-
-    def _rows(self, name: str) -> np.ndarray:
-        """[rows] the order transformers puts tensor `name`'s rows in (the processor applied to row numbers)."""
-        tensor = self.tensors[name]
-        return self.processor.process(weights=np.arange(tensor.data.shape[0]), name=tensor.name).weights
-
-
-def _name_of(model: torch.nn.Module, module: torch.nn.Module) -> str:
-    return next(name for name, candidate in model.named_modules() if candidate is module)
+def _groups(weights: GGUFWeights, name: str) -> Int4Groups:
+    """Tensor `name` as Int4Groups: a q4_K tensor's own codes (rows in transformers' order), any other
+    requantized."""
+    tensor = weights.tensors[name]
+    if tensor.tensor_type != gguf.GGMLQuantizationType.Q4_K:
+        return groups_from_float(weights.float(name))
+    rows = torch.from_numpy(weights.rows(name))
+    return Int4Groups(*(part[rows] for part in groups_from_q4_k(tensor.data)))

@@ -2,29 +2,32 @@
 later loads read the stored result.
 
 Quantizing at each load reads the float32 model and quantizes every Linear again. Instead, the first int8
-load of a float32 folder quantizes it and stores:
+load quantizes the model once and stores it:
 
-    converted/<key>/int8/            next to the float32 conversion it was made from (catalogue, .gguf);
+    converted/<key>/int8/            for a GGUF (a catalogue package, a .gguf file), built straight from it
+                                     one tensor at a time (`load_gguf`, `quant.int8_from_gguf`: no float32
+                                     copy on disk), or next to a float32 conversion it was made from;
     quantized/<name>-<hash>/         for any other folder (a local checkpoint, an aligned draft, a hub
                                      snapshot), the hash naming the folder's resolved path;
 
 holding `model.safetensors` (the quantized model's `state_dict`: int8 weights with their per-row float32
 scales and biases, the embeddings and norms in float32), `config.json`, `generation_config.json`, the
-tokenizer files, `int8.json` ({"format": its Form's format, "source": the float32 folder's identity,
+tokenizer files, `int8.json` ({"format": its Form's format, "source": the identity of what it was made from,
 "weight_limit": the |w| bound it was quantized with, `quant.weight_limit()`}) and the cache's
 READY marker, written last. Later loads build the architecture from the config with parameters on the meta
 device and fill it from those tensors (`quant.int8_from_state`): no float32 pass, and the same bits as
 quantizing at load (tests/test_quant_cache.py).
 
-A store is used only when it is READY, of its Form's format, made from the float32 folder as it is now (the
-names, sizes and modification times of its files) and with this machine's weight limit; anything else (a
+A store is used only when it is READY, of its Form's format, made from its source as it is now (a float32
+folder: the names, sizes and modification times of its files; a GGUF: a catalogue package's sha256, a .gguf file's
+path, size and modification time) and with this machine's weight limit; anything else (a
 store of an older layout, a changed source, unreadable weights) is made again, with one line on stderr saying
 why. Writes go through `cache.atomic_path` under `cache.locked`, so a killed save leaves only a partial that no
 load reads. Copies of folders that no longer exist stay until `quantized/` is deleted. Bump a Form's format
 whenever its stored layout or its quantization changes.
 
-int4 (`INT4`) is stored the same way, in `int4/` next to a conversion (`converted/<key>/int4/`, also for a
-GGUF read straight into 4 bits: `load_int4_gguf`, no float32 copy on disk) or `quantized/<name>-<hash>-int4/`,
+int4 (`INT4`) is stored the same way, in `converted/<key>/int4/` (a GGUF read straight into 4 bits, or next to
+a conversion) or `quantized/<name>-<hash>-int4/`,
 with `int4.json`; its identity adds the kernel's packed layout (`quant4.packed_layout()`: torch's version and
 CPU capability), since the packed bits are the kernel's own; its Int8Linear layers (the head, q6_K tensors) are
 checked against the weight limit as an int8 store's are.
@@ -35,7 +38,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from safetensors import SafetensorError
@@ -62,6 +65,15 @@ class Form:
         return f"cache ({self.name})"
 
 
+class Quantized(NamedTuple):
+    """A quantized model and where it is stored."""
+
+    model: torch.nn.Module  # in eval mode, on the CPU
+    tokenizer: object
+    store: Path  # the store folder it was read from or written to
+    stored: bool  # whether it was read from `store` (else made now, then stored)
+
+
 INT8 = Form("int8", 1, quant.int8_from_state, "")
 INT4 = Form("int4", quant4.FORMAT, quant4.int4_from_state, "-int4")
 WEIGHTS = "model.safetensors"
@@ -84,9 +96,9 @@ def source_identity(source: Path) -> str:
 
 
 def load_int8(source: Path, float32: Callable[[], tuple], trust_remote_code: bool = False,
-              progress: Progress | None = None) -> tuple[torch.nn.Module, object, bool]:
-    """(int8 model, tokenizer, whether it was read from the store) for float32 folder `source`: read from its
-    store when that is current, else `float32()` ((model, tokenizer) in float32 on the CPU) quantized and stored."""
+              progress: Progress | None = None) -> Quantized:
+    """The int8 model of float32 folder `source` (and its tokenizer): read from its store when that is current,
+    else `float32()` ((model, tokenizer) in float32 on the CPU) quantized and stored."""
     def quantized() -> tuple:
         model, tokenizer = float32()
         return quant.quantize_int8(model), tokenizer
@@ -96,32 +108,38 @@ def load_int8(source: Path, float32: Callable[[], tuple], trust_remote_code: boo
 
 
 def load_int4(source: Path, float32: Callable[[], tuple], trust_remote_code: bool = False,
-              progress: Progress | None = None) -> tuple[torch.nn.Module, object, bool]:
+              progress: Progress | None = None) -> Quantized:
     """As load_int8, in int4 (`quant4.quantize_int4`)."""
     def quantized() -> tuple:
         model, tokenizer = float32()
         return quant4.quantize_int4(model), tokenizer
 
-    identity = f"{source_identity(source)}|{quant4.packed_layout()}"
+    identity = _identity(INT4, source_identity(source))
     return _load(INT4, store_folder(source, INT4), identity, quantized, str(source), trust_remote_code, progress)
 
 
-def load_int4_gguf(key: str, identity: str, gguf: Callable[[], Path],
-                   progress: Progress | None = None) -> tuple[torch.nn.Module, object, bool]:
-    """(int4 model, tokenizer, whether it was read from the store) of the GGUF `gguf()` returns (called only to
-    make the store), kept in `converted/<key>/int4/` for a source of `identity` (a content hash, or path, size
-    and modification time)."""
+def load_gguf(form: Form, key: str, identity: str, gguf: Callable[[], Path],
+              progress: Progress | None = None) -> Quantized:
+    """The `form` model of the GGUF `gguf()` returns (called only to make the store), built straight from it
+    (`quant.int8_from_gguf`, `quant4.int4_from_gguf`) and kept in `converted/<key>/<form>/` for a source of
+    `identity` (a content hash, or path, size and modification time)."""
     def quantized() -> tuple:
-        return quant4.int4_from_gguf(gguf())
+        build = quant4.int4_from_gguf if form is INT4 else quant.int8_from_gguf
+        return build(gguf())
 
-    store = cache.converted_dir(key, INT4.name)
-    return _load(INT4, store, f"{identity}|{quant4.packed_layout()}", quantized, key, False, progress)
+    store = cache.converted_dir(key, form.name)
+    return _load(form, store, _identity(form, identity), quantized, key, False, progress)
+
+
+def _identity(form: Form, source: str) -> str:
+    """What a `form` store made from a source of identity `source` depends on: int4's adds the kernel's packing."""
+    return f"{source}|{quant4.packed_layout()}" if form is INT4 else source
 
 
 def _load(form: Form, store: Path, identity: str, quantized: Callable[[], tuple], what: str,
-          trust_remote_code: bool, progress: Progress | None) -> tuple[torch.nn.Module, object, bool]:
-    """(model, tokenizer, whether read from `store`): read when `store` is current for `identity`, else
-    `quantized()` ((quantized model, tokenizer)) made and stored.
+          trust_remote_code: bool, progress: Progress | None) -> Quantized:
+    """The model read from `store` when it is current for `identity`, else `quantized()` ((quantized model,
+    tokenizer)) made and stored.
 
     The store's lock is held throughout: one process quantizes, the others wait and read its result, and no
     reader sees a store being replaced."""
@@ -129,13 +147,13 @@ def _load(form: Form, store: Path, identity: str, quantized: Callable[[], tuple]
         problem = _problem(form, store, identity)
         if problem is None:
             try:
-                return (*_read(form, store, trust_remote_code), True)
+                return Quantized(*_read(form, store, trust_remote_code), store, True)
             except UNREADABLE as error:
                 problem = f"its {form.name} weights cannot be read ({type(error).__name__}: {str(error)[:200]})"
         convert._report(progress, f"{what}: {problem}; quantizing to {form.name} and storing it in {store}", 0.0)
         model, tokenizer = quantized()
         _write(form, model, tokenizer, store, identity)
-    return model, tokenizer, False
+    return Quantized(model, tokenizer, store, False)
 
 
 def _problem(form: Form, store: Path, identity: str) -> str | None:

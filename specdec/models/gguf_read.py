@@ -1,0 +1,96 @@
+"""A GGUF read one tensor at a time into a transformers model built on the meta device: how the int8 and int4 models
+are made straight from a GGUF (`quant.int8_from_gguf`, `quant4.int4_from_gguf`), with no float32 model on disk or in
+memory.
+
+`from_gguf(path, fill, form)` builds the architecture from the GGUF's config (parameters on meta, buffers such as
+the rotary tables computed) with its tokenizer, and `fill(model, GGUFWeights)` replaces the meta tensors. A
+`GGUFWeights` gives each tensor under its transformers name, dequantized by the gguf package as transformers does
+and with its rows in transformers' order, so a tensor comes out bitwise as in the float32 conversion. Read this way:
+llama- and qwen2-style GGUFs (`reads`), those whose tensors transformers only reorders (llama.cpp interleaves the
+rotary halves of llama q/k rows); others need transformers' own conversion.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import gguf
+import numpy as np
+import torch
+from accelerate import init_empty_weights
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers.modeling_gguf_pytorch_utils import (
+    TENSOR_PROCESSORS, LlamaTensorProcessor, TensorProcessor, get_gguf_hf_weights_map, read_field)
+
+ROW_PROCESSORS = (TensorProcessor, LlamaTensorProcessor)  # transformers' GGUF tensor fixes that only reorder rows
+UNREADABLE = (OSError, ValueError, KeyError, IndexError)  # what GGUFReader raises on a file that is not a GGUF
+
+
+def from_gguf(path: Path, fill: Callable[[torch.nn.Module, "GGUFWeights"], None],
+              form: str) -> tuple[torch.nn.Module, object]:
+    """(model in eval mode, tokenizer) of the GGUF `path`: its architecture on the meta device, filled by
+    `fill(model, weights)`; a GGUF that cannot be read this way is one ValueError naming `form` ("int8", "int4")."""
+    try:
+        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        with init_empty_weights(include_buffers=False):  # parameters on meta; buffers (rotary tables) computed
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.generation_config = GenerationConfig.from_model_config(config)
+        fill(model, GGUFWeights(path, model))
+    except (OSError, KeyError, RuntimeError, NotImplementedError) as error:
+        raise ValueError(f"cannot build an {form} model from {path.name}: {error}") from error
+    return model.eval(), tokenizer
+
+
+def reads(path: Path) -> bool:
+    """Whether `path` is a GGUF of an architecture read tensor by tensor here (llama- or qwen2-style)."""
+    try:
+        _processor(gguf.GGUFReader(path))
+    except (*UNREADABLE, NotImplementedError):
+        return False
+    return True
+
+
+def _processor(reader: gguf.GGUFReader) -> type[TensorProcessor]:
+    """transformers' tensor processor of the GGUF's architecture; NotImplementedError for one that does more than
+    reorder rows."""
+    architecture = read_field(reader, "general.architecture")[0]
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)
+    if processor not in ROW_PROCESSORS:
+        raise NotImplementedError(f"int8 and int4 are read straight from llama- and qwen2-style GGUFs, not "
+                                  f"{architecture}")
+    return processor
+
+
+class GGUFWeights:
+    """A GGUF's tensors under a transformers model's names, read one at a time (memory-mapped), rows in
+    transformers' order; a tied head (no `output.weight`) reads the embedding's tensor."""
+
+    def __init__(self, path: Path, model: torch.nn.Module):
+        reader = gguf.GGUFReader(path)
+        self.processor = _processor(reader)(config=model.config.to_dict())
+        names = get_gguf_hf_weights_map(model, self.processor)  # gguf name -> transformers name
+        self.tensors = {names[t.name]: t for t in reader.tensors if t.name in names}
+        head = f"{module_name(model, model.get_output_embeddings())}.weight"
+        self.tensors.setdefault(head, self.tensors[f"{module_name(model, model.get_input_embeddings())}.weight"])
+
+    def bits(self, name: str) -> float:
+        """Bits per weight tensor `name` is stored in (q4_K 4.5, q6_K 6.56, q8_0 8.5, f32 32)."""
+        block, size = gguf.GGML_QUANT_SIZES[self.tensors[name].tensor_type]
+        return 8 * size / block
+
+    def float(self, name: str) -> torch.Tensor:
+        """Tensor `name` dequantized: [rows, cols] or [n] float32."""
+        tensor = self.tensors[name]
+        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        return torch.from_numpy(np.ascontiguousarray(values[self.rows(name)]))
+
+    def rows(self, name: str) -> np.ndarray:
+        """[rows] the order transformers puts tensor `name`'s rows in (the processor applied to row numbers)."""
+        tensor = self.tensors[name]
+        return self.processor.process(weights=np.arange(tensor.data.shape[0]), name=tensor.name).weights
+
+
+def module_name(model: torch.nn.Module, module: torch.nn.Module) -> str:
+    """The name `module` is registered under in `model`."""
+    return next(name for name, candidate in model.named_modules() if candidate is module)
