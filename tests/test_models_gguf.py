@@ -1,4 +1,5 @@
 """GGUF paths of specdec.models on a tiny llama GGUF written in code with the `gguf` package."""
+import functools
 import hashlib
 import json
 import sys
@@ -31,14 +32,15 @@ def llama_cpp_order(weight: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write_tiny_gguf(path, model, encode=None) -> None:
-    """A llama-architecture F32 GGUF of `model` with a byte-level BPE tokenizer (256 bytes + 4 merges + EOS);
-    `encode(gguf name, float32 array)` -> (bytes, GGML type) stores a tensor in another type."""
+    """An F32 GGUF of llama or qwen2 `model` with a byte-level BPE tokenizer (256 bytes + 4 merges + EOS), without
+    `output.weight` when the head is tied; `encode(gguf name, float32 array)` -> (bytes, GGML type) stores a
+    tensor in another type."""
     config = model.config
     tokens = list(bytes_to_unicode().values()) + [m.replace(" ", "") for m in MERGES] + ["<|endoftext|>"]
     eos = len(tokens) - 1
     tokens += [f"<|unused{i}|>" for i in range(config.vocab_size - len(tokens))]
     token_types = [3 if i == eos else 1 for i in range(len(tokens))]  # 3 = control
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), config.model_type)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_block_count(config.num_hidden_layers)
@@ -57,6 +59,8 @@ def write_tiny_gguf(path, model, encode=None) -> None:
     writer.add_bos_token_id(eos)
     writer.add_eos_token_id(eos)
     for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            continue
         gguf_name, array = _gguf_tensor(name, tensor.float().numpy(), config)
         data, kind = encode(gguf_name, array) if encode else (array, None)
         writer.add_tensor(gguf_name, data, raw_dtype=kind)
@@ -69,12 +73,12 @@ def write_tiny_gguf(path, model, encode=None) -> None:
 def _gguf_tensor(name: str, array: np.ndarray, config) -> tuple[str, np.ndarray]:
     if name in TOP_TENSORS:
         return TOP_TENSORS[name], array
-    _, _, layer, *rest = name.split(".")  # model.layers.{i}.{module}.weight
+    _, _, layer, *rest = name.split(".")  # model.layers.{i}.{module}.weight (or .bias)
     module = ".".join(rest[:-1])
     heads = {"self_attn.q_proj": config.num_attention_heads, "self_attn.k_proj": config.num_key_value_heads}
-    if module in heads:
+    if module in heads and config.model_type == "llama":
         array = llama_cpp_order(array, heads[module])
-    return f"blk.{layer}.{LAYER_TENSORS[module]}.weight", np.ascontiguousarray(array)
+    return f"blk.{layer}.{LAYER_TENSORS[module]}.{rest[-1]}", np.ascontiguousarray(array)
 
 
 @pytest.fixture
@@ -113,9 +117,9 @@ def test_bfloat16_is_derived_from_the_float32_conversion(tiny_gguf):
                                fp32.model.get_input_embeddings().weight.to(torch.bfloat16), rtol=0, atol=0)
 
 
-def test_catalogue_package_source_assembles_chunks_converts_and_caches(tiny_gguf, tmp_path, monkeypatch):
-    """A fake chunk package on sys.path and a fake catalogue: the whole offline path, then the cache."""
-    path, original = tiny_gguf
+def install_package(path, tmp_path, monkeypatch) -> str:
+    """The GGUF `path` as the only entry of a fake catalogue, "tiny-packaged", shipped in two fake chunk packages on
+    sys.path (for this test only); returns the entry's name."""
     data = path.read_bytes()
     site = tmp_path / "site"
     for n, start in enumerate(range(0, len(data), len(data) // 2 + 1), 1):
@@ -132,14 +136,20 @@ def test_catalogue_package_source_assembles_chunks_converts_and_caches(tiny_gguf
     catalogue_file = tmp_path / "models.json"
     catalogue_file.write_text(json.dumps(fake))
     monkeypatch.setattr(entries, "CATALOGUE_PATH", catalogue_file)
-    entries._entries.cache_clear()
-    try:
-        assert [e.status for e in entries.catalogue()] == ["needs assembly"]
-        first = load_model("tiny-packaged", dtype="float32")
-        assert [e.status for e in entries.catalogue()] == ["ready"]
-        second = load_model("tiny-packaged", dtype="float32")
-    finally:
-        entries._entries.cache_clear()
+    # a fresh cache of catalogue entries for this test; the real one's is left as it was
+    monkeypatch.setattr(entries, "_entries", functools.cache(entries._entries.__wrapped__))
+    return "tiny-packaged"
+
+
+def test_catalogue_package_source_assembles_chunks_converts_and_caches(tiny_gguf, tmp_path, monkeypatch):
+    """A fake chunk package on sys.path and a fake catalogue: the whole offline path, then the cache."""
+    path, original = tiny_gguf
+    data = path.read_bytes()
+    install_package(path, tmp_path, monkeypatch)
+    assert [e.status for e in entries.catalogue()] == ["needs assembly"]
+    first = load_model("tiny-packaged", dtype="float32")
+    assert [e.status for e in entries.catalogue()] == ["ready"]
+    second = load_model("tiny-packaged", dtype="float32")
     assert (first.source, second.source) == ("package", "cache")
     assert cache.gguf_path("tiny-packaged.gguf").read_bytes() == data
     assert not any(name.startswith("fakechunks") for name in sys.modules)

@@ -3,7 +3,8 @@
 Layout:
     gguf/<file>.gguf                  GGUFs assembled from package chunks (sha256-verified)
     converted/<key>/<dtype>/          safetensors + tokenizer written by `save_pretrained`
-    converted/<key>/int8/             the float32 one quantized once (`specdec.models.quant_store`)
+    converted/<key>/int8/, int4/      the model quantized once (`specdec.models.quant_store`): built straight from
+                                      its GGUF, one tensor at a time (no float32 folder), or from the float32 one
     quantized/<name>-<hash>/          int8 copies of folders outside the cache (same module)
     locks/<name>-<hash>.lock          one lock file per destination
 

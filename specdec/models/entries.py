@@ -6,7 +6,7 @@ readiness status computed from what is on this machine now:
 
 - "ready": loads offline now in about a second (converted safetensors in the cache, or a hub snapshot
   already downloaded);
-- "needs assembly": its package is installed; the first load assembles the GGUF and converts it
+- "needs assembly": its package is installed; the first load assembles the GGUF and converts or quantizes it
   (about a minute, offline; `python -m specdec models --prepare NAME` does it ahead of time);
 - "needs download": nothing local; install its package or load it once with network access.
 """
@@ -132,7 +132,7 @@ def with_status(entry: CatalogueEntry) -> CatalogueEntry:
         return dataclasses.replace(entry, status="ready", detail="downloaded in the ModelScope cache")
     if entry.package and entry.package.installed():
         return dataclasses.replace(entry, status="needs assembly",
-                                   detail="package installed; the first load assembles and converts it offline")
+                                   detail="package installed; the first load assembles it and converts or quantizes it offline")
     return dataclasses.replace(entry, status="needs download", detail=entry.how_to_get())
 
 

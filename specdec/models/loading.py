@@ -8,8 +8,9 @@ Specs, tried in this order:
 - a `.gguf` file (converted once into the cache);
 - `modelscope:org/name`, or a Hugging Face id `org/name` / `hf:org/name` (local cache first;
   a download only when the service is reachable, else a fast ValueError saying what to do).
-Only safetensors are read (pickled checkpoints can run code) and `trust_remote_code` is off
-unless asked for.
+In int8 and int4 a GGUF (a catalogue package's, a .gguf file) is quantized straight from its tensors and stored,
+with no float32 conversion. Only safetensors are read (pickled checkpoints can run code) and `trust_remote_code`
+is off unless asked for.
 """
 from __future__ import annotations
 
