@@ -7,7 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM
 from transformers.modeling_gguf_pytorch_utils import NemotronTensorProcessor
 
-from specdec.models import cache, gguf_read, load_model, loading, quant
+from specdec.models import cache, convert, gguf_read, load_model, loading, quant
 from specdec.models.loading import prepare
 from specdec.testing import tiny_config
 from faults import kill_at
@@ -56,7 +56,9 @@ def converted() -> dict[str, list[str]]:
 def test_a_gguf_becomes_int8_with_no_float32_copy_bit_for_bit_its_conversion_quantized(tmp_path, monkeypatch, arch,
                                                                                        tied):
     path = mixed_gguf(tmp_path, arch, tied)
-    first = load_model(str(path), quant="int8")
+    with monkeypatch.context() as patch:  # tensor by tensor: never transformers' whole-model dequantization
+        patch.setattr(convert, "dequantize", lambda *args: pytest.fail("the whole GGUF was dequantized"))
+        first = load_model(str(path), quant="int8")
     assert (first.source, first.dtype, first.path, first.name) == ("gguf", "int8", path, "tiny")
     (key, folders), = converted().items()
     assert folders == ["int8"] and cache.is_ready(cache.converted_dir(key, "int8"))  # the int8 store alone
@@ -106,15 +108,15 @@ def test_a_killed_int8_store_of_a_gguf_is_never_read(tmp_path):
     assert load_model(str(path), quant="int8").source == "cache (int8)"
 
 
-def test_an_int8_gguf_of_an_architecture_not_read_straight_goes_through_its_conversion(tmp_path, monkeypatch):
+def test_an_int8_gguf_of_an_architecture_not_read_straight_is_dequantized_in_memory(tmp_path, monkeypatch):
     """A GGUF whose tensors transformers does more to than reorder rows (here as if llama's norms were stored
-    offset, as Nemotron's are) is converted to float32 and quantized, the same bits as ever."""
+    offset, as Nemotron's are) is dequantized by transformers and quantized: still no float32 copy on disk."""
     path = mixed_gguf(tmp_path)
     monkeypatch.setitem(gguf_read.TENSOR_PROCESSORS, "llama", NemotronTensorProcessor)
     assert not gguf_read.reads(path)
     first = load_model(str(path), quant="int8")
     (key, folders), = converted().items()
-    assert first.source == "gguf" and folders == ["float32", "int8"]
+    assert first.source == "gguf" and folders == ["int8"]
     reference = quant.quantize_int8(load_model(str(path), dtype="float32").model)
     assert torch.equal(first.model(IDS).logits, reference(IDS).logits)
     assert load_model(str(path), quant="int8").source == "cache (int8)"

@@ -48,11 +48,12 @@ def _convert(key: str, dtype: str, folder: Path, gguf: Callable[[], Path], progr
     else:
         path = gguf()
         _report(progress, f"converting {path.name} to {dtype} safetensors (once; about a minute per GB)", 0.0)
-        _save(*_dequantize(path, dtype), folder)
+        _save(*dequantize(path, dtype), folder)
     _report(progress, f"{key} converted", 1.0)
 
 
-def _dequantize(path: Path, dtype: str):
+def dequantize(path: Path, dtype: str):
+    """(model, tokenizer) of the GGUF `path`, dequantized by transformers into `dtype` on the CPU, in memory."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:

@@ -24,7 +24,7 @@ import torch
 from safetensors import SafetensorError
 
 from specdec.drafters import Vocabulary, from_spec
-from specdec.models import aligned, cache, convert, entries, formats, gguf_read, hub, quant, quant_store
+from specdec.models import aligned, cache, convert, entries, formats, hub, quant, quant_store
 from specdec.models.cache import Progress
 from specdec.models.speed import apply_speed_levers
 
@@ -155,17 +155,15 @@ def _load_quantized(spec, dtype, trust_remote_code, progress) -> LoadedModel:
 def _quantized(spec: str, dtype: str, trust_remote_code: bool,
                progress: Progress | None) -> tuple[str, Path, str, quant_store.Quantized]:
     """(name, path, source, quantized model) of `spec` in int4 (`dtype` "int4") or int8 (the others): from its
-    store, else built straight from its GGUF (a catalogue package here, a .gguf file; for int8 one whose
-    architecture `gguf_read.reads`, others are converted) or quantized from its float32 folder (any other spec),
-    and stored."""
+    store, else made from its GGUF (a catalogue package here, a .gguf file; `quant_store.load_gguf`, no float32
+    copy) or quantized from its float32 folder (any other spec), and stored."""
     form = quant_store.INT4 if dtype == "int4" else quant_store.INT8
     entry, path = entries.find(spec), Path(spec).expanduser()
     if package := _package(entry):
         name, path, source = entry.name, cache.gguf_path(package.gguf), "package"
         made = quant_store.load_gguf(form, entry.name, f"sha256:{package.sha256}",
                                      lambda: _assembled(package, progress), progress)
-    elif entry is None and path.suffix.lower() == ".gguf" and path.is_file() and (
-            form is quant_store.INT4 or gguf_read.reads(path)):
+    elif entry is None and path.suffix.lower() == ".gguf" and path.is_file():
         (key, identity), name, source = _gguf_key(path), path.stem, "gguf"
         made = quant_store.load_gguf(form, key, identity, lambda: path, progress)
     else:

@@ -43,7 +43,7 @@ from typing import Callable, NamedTuple
 import torch
 from safetensors import SafetensorError
 
-from specdec.models import cache, convert, quant, quant4
+from specdec.models import cache, convert, gguf_read, quant, quant4
 from specdec.models.cache import Progress
 
 
@@ -120,12 +120,20 @@ def load_int4(source: Path, float32: Callable[[], tuple], trust_remote_code: boo
 
 def load_gguf(form: Form, key: str, identity: str, gguf: Callable[[], Path],
               progress: Progress | None = None) -> Quantized:
-    """The `form` model of the GGUF `gguf()` returns (called only to make the store), built straight from it
-    (`quant.int8_from_gguf`, `quant4.int4_from_gguf`) and kept in `converted/<key>/<form>/` for a source of
-    `identity` (a content hash, or path, size and modification time)."""
+    """The `form` model of the GGUF `gguf()` returns (called only to make the store), kept in
+    `converted/<key>/<form>/` for a source of `identity` (a content hash, or path, size and modification time).
+
+    Built straight from the GGUF, one tensor at a time (`quant4.int4_from_gguf`, `quant.int8_from_gguf`); an int8
+    GGUF of an architecture not read that way (`gguf_read.reads`) is dequantized by transformers in memory and
+    quantized. No float32 copy on disk either way."""
     def quantized() -> tuple:
-        build = quant4.int4_from_gguf if form is INT4 else quant.int8_from_gguf
-        return build(gguf())
+        path = gguf()
+        if form is INT4:
+            return quant4.int4_from_gguf(path)
+        if gguf_read.reads(path):
+            return quant.int8_from_gguf(path)
+        model, tokenizer = convert.dequantize(path, "float32")
+        return quant.quantize_int8(model), tokenizer
 
     store = cache.converted_dir(key, form.name)
     return _load(form, store, _identity(form, identity), quantized, key, False, progress)
