@@ -4,9 +4,9 @@ later loads read the stored result.
 Quantizing at each load reads the float32 model and quantizes every Linear again. Instead, the first int8
 load quantizes the model once and stores it:
 
-    converted/<key>/int8/            for a GGUF (a catalogue package, a .gguf file), built straight from it
-                                     one tensor at a time (`load_gguf`, `quant.int8_from_gguf`: no float32
-                                     copy on disk), or next to a float32 conversion it was made from;
+    converted/<key>/int8/            for a GGUF (a catalogue package, a .gguf file), made from it with no
+                                     float32 copy on disk (`load_gguf`: one tensor at a time where
+                                     `gguf_read` reads the architecture), or next to a float32 conversion;
     quantized/<name>-<hash>/         for any other folder (a local checkpoint, an aligned draft, a hub
                                      snapshot), the hash naming the folder's resolved path;
 
@@ -19,16 +19,14 @@ device and fill it from those tensors (`quant.int8_from_state`): no float32 pass
 quantizing at load (tests/test_quant_cache.py).
 
 A store is used only when it is READY, of its Form's format, made from its source as it is now (a float32
-folder: the names, sizes and modification times of its files; a GGUF: a catalogue package's sha256, a .gguf file's
-path, size and modification time) and with this machine's weight limit; anything else (a
-store of an older layout, a changed source, unreadable weights) is made again, with one line on stderr saying
-why. Writes go through `cache.atomic_path` under `cache.locked`, so a killed save leaves only a partial that no
+folder: the names, sizes and modification times of its files; a GGUF: a catalogue package's sha256, a .gguf
+file's path, size and modification time) and with this machine's weight limit; anything else (a store of an
+older layout, a changed source, unreadable weights) is made again, with one line on stderr saying why. Writes go through `cache.atomic_path` under `cache.locked`, so a killed save leaves only a partial that no
 load reads. Copies of folders that no longer exist stay until `quantized/` is deleted. Bump a Form's format
 whenever its stored layout or its quantization changes.
 
 int4 (`INT4`) is stored the same way, in `converted/<key>/int4/` (a GGUF read straight into 4 bits, or next to
-a conversion) or `quantized/<name>-<hash>-int4/`,
-with `int4.json`; its identity adds the kernel's packed layout (`quant4.packed_layout()`: torch's version and
+a conversion) or `quantized/<name>-<hash>-int4/`, with `int4.json`; its identity adds the kernel's packed layout (`quant4.packed_layout()`: torch's version and
 CPU capability), since the packed bits are the kernel's own; its Int8Linear layers (the head, q6_K tensors) are
 checked against the weight limit as an int8 store's are.
 """
