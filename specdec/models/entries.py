@@ -132,7 +132,8 @@ def with_status(entry: CatalogueEntry) -> CatalogueEntry:
         return dataclasses.replace(entry, status="ready", detail="downloaded in the ModelScope cache")
     if entry.package and entry.package.installed():
         return dataclasses.replace(entry, status="needs assembly",
-                                   detail="package installed; the first load assembles it and converts or quantizes it offline")
+                                   detail="package installed; the first load assembles it and converts or "
+                                          "quantizes it offline")
     return dataclasses.replace(entry, status="needs download", detail=entry.how_to_get())
 
 

@@ -22,13 +22,14 @@ A store is used only when it is READY, of its Form's format, made from its sourc
 folder: the names, sizes and modification times of its files; a GGUF: a catalogue package's sha256, a .gguf
 file's path, size and modification time) and with this machine's weight limit; anything else (a store of an
 older layout, a changed source, unreadable weights) is made again, with one line on stderr saying why. Writes
-go through `cache.atomic_path` under `cache.locked`, so a killed save leaves only a partial that no load reads. Copies of folders that no longer exist stay until `quantized/` is deleted. Bump a Form's format
-whenever its stored layout or its quantization changes.
+go through `cache.atomic_path` under `cache.locked`, so a killed save leaves only a partial that no load reads.
+Copies of folders that no longer exist stay until `quantized/` is deleted. Bump a Form's format whenever its
+stored layout or its quantization changes.
 
 int4 (`INT4`) is stored the same way, in `converted/<key>/int4/` (a GGUF read straight into 4 bits, or next to
 a conversion) or `quantized/<name>-<hash>-int4/`, with `int4.json`; its identity adds the kernel's packed
-layout (`quant4.packed_layout()`: torch's version and CPU capability), since the packed bits are the kernel's own; its Int8Linear layers (the head, q6_K tensors) are
-checked against the weight limit as an int8 store's are.
+layout (`quant4.packed_layout()`: torch's version and CPU capability), since the packed bits are the kernel's
+own; its Int8Linear layers (the head, q6_K tensors) are checked against the weight limit as an int8 store's are.
 """
 from __future__ import annotations
 
