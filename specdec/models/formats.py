@@ -43,10 +43,10 @@ FORMATS = ("float32", "bfloat16", "int8", "int8-dynamic", "int4")  # weight form
 ROW_INVARIANT = ("int8", "int4")  # formats whose verification rows are bitwise one-token steps
 CPU_ONLY = ("int8", "int8-dynamic", "int4")  # formats with CPU kernels only
 ROLES = ("target", "draft")
-LAYERS = (1, 4)  # depths timed; the model's depth is extrapolated from these two
+LAYERS = (2, 6)  # depths timed; the model's depth is extrapolated from these two
 CONTEXT = 64  # tokens in the cache before each timed forward
 VERIFY_ROWS = 5  # rows of the timed verification forward (k = 4 drafts + the target's token)
-REPEATS = 5  # timed forwards per depth and size, interleaved across formats; the median is kept
+REPEATS = 7  # timed forwards per depth and size, the two depths interleaved; the fastest is kept (noise only adds)
 METHOD = 1  # bump when what a format calibration measures changes
 
 
@@ -129,23 +129,22 @@ def _choose(role: str, timings: list[FormatTiming], key: str, measured_now: bool
 
 def time_formats(config, formats, *, device: str = "cpu", repeats: int = REPEATS) -> list[FormatTiming]:
     """Each format's one-token and VERIFY_ROWS-token forward at `config`'s depth, from random-weight models at the
-    depths LAYERS, the formats interleaved round by round (medians of `repeats`)."""
-    depth = config.num_hidden_layers
-    runs = {(f, layers): _Timed(build(config, f, layers, device)) for f in formats for layers in LAYERS}
-    samples = {run: ([], []) for run in runs}
+    depths LAYERS (the two depths of a format interleaved, medians of `repeats`; one format's models alive at a
+    time, so memory stays that of two shallow models)."""
+    return [_time_format(config, f, device, repeats) for f in formats]
+
+
+def _time_format(config, format_: str, device: str, repeats: int) -> FormatTiming:
+    runs = [_Timed(build(config, format_, layers, device)) for layers in LAYERS]
+    samples = [([], []) for _ in runs]
     for _ in range(repeats):
-        for run, timed in runs.items():
-            samples[run][0].append(timed.forward(1))
-            samples[run][1].append(timed.forward(VERIFY_ROWS))
-    medians = {run: tuple(statistics.median(s) for s in pair) for run, pair in samples.items()}
-    low, high = LAYERS
-    timings = []
-    for f in formats:
-        at = [medians[(f, low)], medians[(f, high)]]
-        per_layer = [max((at[1][i] - at[0][i]) / (high - low), 0.0) for i in range(2)]
-        full = [at[0][i] + (depth - low) * per_layer[i] for i in range(2)]
-        timings.append(FormatTiming(f, full[0], full[1]))
-    return timings
+        for run, (steps, verifications) in zip(runs, samples):
+            steps.append(run.forward(1))
+            verifications.append(run.forward(VERIFY_ROWS))
+    (low_step, low_verify), (high_step, high_verify) = [tuple(map(min, s)) for s in samples]
+    (low, high), depth = LAYERS, config.num_hidden_layers
+    extrapolate = lambda at_low, at_high: at_low + (depth - low) * max(at_high - at_low, 0.0) / (high - low)  # noqa: E731
+    return FormatTiming(format_, extrapolate(low_step, high_step), extrapolate(low_verify, high_verify))
 
 
 def build(config, format_: str, layers: int, device: str = "cpu") -> torch.nn.Module:
@@ -159,9 +158,12 @@ def build(config, format_: str, layers: int, device: str = "cpu") -> torch.nn.Mo
     with no_init_weights():  # values are filled below, cheaply: timings depend on shapes, not values
         model = AutoModelForCausalLM.from_config(shallow, dtype=dtype).eval()
     generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
+    with torch.no_grad():  # unit-scale activations: tiny weights would decay them to subnormals, slow on a CPU
+        for name, parameter in model.named_parameters():
+            if parameter.dim() == 1:
+                parameter.fill_(0.0 if name.endswith("bias") else 1.0)  # norms 1, biases 0
+            else:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) / parameter.shape[-1] ** 0.5)
     return to_format(model.to(device), format_)
 
 
