@@ -26,7 +26,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
