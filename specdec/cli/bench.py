@@ -14,12 +14,13 @@ from pathlib import Path
 import torch
 
 from specdec.cli.arguments import parse_k
+from specdec.core import files
 from specdec.core.limits import K_AUTO_START, K_MAX
 from specdec.core.suites import available_suites, encode, load_suite, split_note
 from specdec.costs.calibration import calibrate
 from specdec.lab.bench import llamacpp
 from specdec.lab.bench.run import BenchConfig, cells_to_run, contender, prompts_fingerprint, run_bench
-from specdec.lab.bench.store import check_run_folder, write_atomically
+from specdec.lab.bench.store import check_run_folder
 from specdec.lab.bench.summary import advice_rows, format_report, row_costs, summarise
 from specdec.lab.measure import Calibration, calibrate_layers
 from specdec.lab.plots import speedup_curves
@@ -77,7 +78,7 @@ def run(args) -> int:
     rows = bench_with_progress(target, contenders, prompts, args.k, config, out, hf_plain=not args.no_hf_generate)
     report = (calibration_text(calibration) if calibration else "") + format_report(rows)
     report += llama_cpp_section(args, target, prompts, out)
-    (out / SUMMARY_MD).write_text(report, encoding="utf-8")
+    files.write_text(out / SUMMARY_MD, report)
     charts = write_charts(rows, out)
     print(report)
     print(f"wrote {out / 'results.csv'}, {out / 'results.jsonl'}, {out / SUMMARY_MD}, "
@@ -109,7 +110,7 @@ def llama_cpp_section(args, target, prompts, out: Path) -> str:
                 runs.append(llamacpp.LlamaCppRun(spec, k, prompt.id, alone, tok_s, accept))
                 print(f"llama.cpp {spec} k={k} {prompt.id}: {tok_s:.2f} tok/s ({runs[-1].speedup:.2f}x its "
                       f"target alone, {alone:.2f} tok/s)", flush=True)
-    (out / "llama_cpp.json").write_text(json.dumps([asdict(r) for r in runs], indent=1), encoding="utf-8")
+    files.write_text(out / "llama_cpp.json", json.dumps([asdict(r) for r in runs], indent=1))
     return ("\n## llama.cpp on the same GGUF files (its own target alone and speculative decoding)\n\n"
             + llamacpp.markdown(runs) + "\n")
 
@@ -142,7 +143,7 @@ def calibrate_self_auto(target, args, out: Path) -> Calibration:
     calibration = calibrate_layers(target, [encode(p, target.tokenizer) for p in prompts], k=settings["k"],
                                    candidates=args.self_layers, max_new_tokens=settings["max_new_tokens"],
                                    on_layer=print_layer)
-    write_atomically(path, json.dumps({"settings": settings, **calibration.to_dict()}, indent=1))
+    files.write_text(path, json.dumps({"settings": settings, **calibration.to_dict()}, indent=1))
     print(calibration_text(calibration), flush=True)
     return calibration
 

@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 import statistics
-import time
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
+from specdec.core import files
 from specdec.core.costmodel import CostModel, TargetCosts
 from specdec.core.drafter import Drafter, NoDraft, SamplingPolicy, as_drafter
 from specdec.core.inputs import unwrap, vocab_size
@@ -180,8 +179,4 @@ def _cached(folder: Path, key: str, recalibrate: bool) -> dict | None:
 
 
 def _store(folder: Path, key: str, data: dict) -> None:
-    """Write atomically: a temporary file renamed into place."""
-    folder.mkdir(parents=True, exist_ok=True)
-    temporary = folder / f".{key}.{os.getpid()}.{time.monotonic_ns()}.tmp"
-    temporary.write_text(json.dumps(data))
-    os.replace(temporary, folder / f"{key}.json")
+    files.write_text(folder / f"{key}.json", json.dumps(data))

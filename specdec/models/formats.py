@@ -34,7 +34,7 @@ import torch
 from transformers import AutoModelForCausalLM
 from transformers.initialization import no_init_weights
 
-from specdec.core import hardware
+from specdec.core import files, hardware
 from specdec.core.kv import CachedLM
 from specdec.models import cache, quant, quant4
 from specdec.models.speed import apply_speed_levers
@@ -109,7 +109,7 @@ def choose_format(config, role: str, *, device: str = "cpu", recalibrate: bool =
     stored = None if recalibrate else _read(folder / f"formats-{key}.json")
     timings = stored if stored is not None else time_formats(config, formats, device=device, repeats=repeats)
     if stored is None:
-        cache.write_text(folder / f"formats-{key}.json", json.dumps([asdict(t) for t in timings]))
+        files.write_text(folder / f"formats-{key}.json", json.dumps([asdict(t) for t in timings]))
     return _choose(role, timings, key, measured_now=stored is None)
 
 
