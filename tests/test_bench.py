@@ -257,15 +257,16 @@ def test_first_divergence():
 def test_cells_are_timed_by_the_shared_harness_first_output_median_time(monkeypatch):
     from types import SimpleNamespace
 
+    from specdec.core import timing
     from specdec.lab import measure
 
     clock = iter([0.0, 5.0, 10.0, 11.0, 20.0, 22.0])  # three runs of 5 s, 1 s and 2 s
-    monkeypatch.setattr(measure, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
     outputs = iter([[7, 8], [9], [9]])
-    timed = measure.time_median(lambda: next(outputs), repeats=3)
+    timed = measure.time_generation(lambda: next(outputs), repeats=3, device="cpu")
     assert timed.token_ids == [7, 8] and timed.seconds == 2.0 and timed.tokens_per_s == 1.0
     calls = []
-    measure.warm_up(lambda: calls.append("a"), lambda: calls.append("b"))
+    timing.warm_up(lambda: calls.append("a"), lambda: calls.append("b"))
     assert calls == ["a", "b"]
 
 

@@ -32,9 +32,9 @@ import torch
 
 from specdec.core.inputs import unwrap
 from specdec.core.limits import K_AUTO_MAX
+from specdec.core.timing import time_median, warm_up
 from specdec.costs.calibration import calibrate
 from specdec.lab import breakdown, levers
-from specdec.lab.measure import time_median, warm_up
 from specdec.models.loading import add_model_arguments, load_draft, load_model
 
 ALPHAS = (0.6, 0.8, 0.9)  # acceptance rates the predicted speedup is printed for
@@ -132,7 +132,7 @@ def print_kernels(target) -> None:
     head = model.get_output_embeddings().weight
     up = next(m.weight for m in model.modules() if isinstance(m, torch.nn.Linear) and m.weight.shape[0] > head.shape[1])
     for name, weight in (("MLP", up), ("LM head", head)):
-        w32 = weight.detach().float()
+        w32 = weight.detach().float().cpu()  # the CPU's kernels, wherever the model lives
         w16 = w32.to(torch.bfloat16)
         for rows in KERNEL_ROWS:
             x = torch.randn(rows, w32.shape[1])
@@ -144,4 +144,4 @@ def print_kernels(target) -> None:
 
 def _median_ms(run, repeats: int = 7) -> float:
     warm_up(run)
-    return time_median(run, repeats).seconds * 1000
+    return time_median(run, repeats, "cpu")[1] * 1000

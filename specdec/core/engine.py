@@ -22,6 +22,7 @@ from specdec.core.inputs import prepare_prompt, resolve_eos, unwrap
 from specdec.core.kv import CachedLM
 from specdec.core.limits import K_MAX, Budget
 from specdec.core.schedule import AdaptiveK, FixedK
+from specdec.core.timing import clock
 from specdec.core.trace import DecodeStats, GenerationResult, Round
 from specdec.core.verify import Verdict, verify_greedy, verify_sampling
 
@@ -97,7 +98,7 @@ def _generate(target_model, drafter, input_ids, schedule, max_new_tokens, temper
     policy = _policy(target_model, temperature, top_p, seed)
     eos = resolve_eos(target_model, eos_token_id)
     verifier = CachedLM(target_model)
-    start = time.perf_counter()
+    start = clock(verifier.device)
     prefill_time = _prefill(drafter, prompt, budget) + _prefill(verifier, prompt, budget)
     emitted: list[int] = []
     rounds: list[Round] = []
@@ -117,7 +118,7 @@ def _generate(target_model, drafter, input_ids, schedule, max_new_tokens, temper
                 break
     stats = DecodeStats.from_rounds(
         rounds, schedule.reported_k(rounds), costs, prefill_time_s=prefill_time,
-        wall_time_s=time.perf_counter() - start - callback_s, target_forwards=verifier.forwards,
+        wall_time_s=clock(verifier.device) - start - callback_s, target_forwards=verifier.forwards,
         draft_forwards=drafter.forwards)
     text = tokenizer.decode(emitted, skip_special_tokens=True) if tokenizer is not None else None
     return GenerationResult(emitted, rounds, stats, text, stopped_early)

@@ -16,6 +16,7 @@ machine; `recalibrate=True` measures again.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import platform
@@ -31,6 +32,7 @@ from specdec.core.drafter import Drafter, NoDraft, SamplingPolicy, as_drafter
 from specdec.core.inputs import unwrap, vocab_size
 from specdec.core.kv import CachedLM
 from specdec.core.limits import K_AUTO_MAX, Budget
+from specdec.core.timing import interleaved, medians
 from specdec.models import cache
 from specdec.models.quant import is_quantized
 from specdec.models.speed import set_rows_first
@@ -92,22 +94,20 @@ def measure_verification(model: torch.nn.Module, n_max: int, repeats: int,
     A float32 model with rows-first Linears (`specdec.models.speed`) is timed both ways at every size, in
     alternation; each size keeps the faster product, and v(n) is that one's time.
     """
-    lm = CachedLM(model)
-    base = _context(model, CONTEXT_TOKENS)
-    lm.prefill(base + [base[0]])  # the cache holds `base`
-    _time_forward(lm, base, 1)  # warm-up: first-call allocations and kernel choice
+    lm, base = primed_cache(model)
+    forward_seconds(lm, base, 1)  # warm-up: first-call allocations and kernel choice
     modes = (False, True) if set_rows_first(model, ()) else (False,)  # (plain F.linear, rows-first)
-    seconds: dict[tuple[int, bool], list[float]] = {(n, m): [] for n in range(1, n_max + 1) for m in modes}
-    for repeat in range(repeats):
-        order = list(range(1, n_max + 1))
-        for n in order[repeat % n_max:] + order[:repeat % n_max]:  # rotate, so drift spreads over sizes
-            for mode in modes:
-                budget.check(MEASURING)
-                set_rows_first(model, range(2, n_max + 1) if mode else ())
-                seconds[(n, mode)].append(_time_forward(lm, base, n))
-    best = {n: min(modes, key=lambda m: statistics.median(seconds[(n, m)])) for n in range(1, n_max + 1)}
-    medians = [statistics.median(seconds[(n, best[n])]) for n in range(1, n_max + 1)]
-    return medians[0], [m / medians[0] for m in medians], [n for n in range(2, n_max + 1) if best[n]]
+
+    def forward(n: int, rows_first: bool) -> float:
+        budget.check(MEASURING)
+        set_rows_first(model, range(2, n_max + 1) if rows_first else ())
+        return forward_seconds(lm, base, n)
+
+    sizes = range(1, n_max + 1)
+    seconds = medians(interleaved({(n, m): functools.partial(forward, n, m) for n in sizes for m in modes}, repeats))
+    best = {n: min(modes, key=lambda m: seconds[(n, m)]) for n in sizes}
+    step_s = seconds[(1, best[1])]
+    return step_s, [seconds[(n, best[n])] / step_s for n in sizes], [n for n in sizes if n > 1 and best[n]]
 
 
 def measure_draft_step(target_model: torch.nn.Module, drafter: Drafter, repeats: int,
@@ -115,7 +115,7 @@ def measure_draft_step(target_model: torch.nn.Module, drafter: Drafter, repeats:
     """Median seconds per draft forward of a one-token proposal (a model-free drafter: per proposal).
 
     The context repeats no token, so a hybrid's prompt lookup finds nothing and its model drafts."""
-    context = _context(target_model, CONTEXT_TOKENS)
+    context = context_ids(target_model)
     policy = SamplingPolicy(0.0, 1.0, torch.Generator(), vocab_size(target_model))
     drafter.prefill(context)
     drafter.propose(context, 1, policy)  # warm-up
@@ -127,15 +127,24 @@ def measure_draft_step(target_model: torch.nn.Module, drafter: Drafter, repeats:
     return statistics.median(per_forward)
 
 
-def _time_forward(lm: CachedLM, base: list[int], n: int) -> float:
-    """Seconds of one forward over n new tokens after `base` (the cache is rolled back to `base` first)."""
+def primed_cache(model: torch.nn.Module) -> tuple[CachedLM, list[int]]:
+    """A CachedLM of `model` holding CONTEXT_TOKENS tokens of context, and that context: where forwards are timed."""
+    lm = CachedLM(model)
+    base = context_ids(model)
+    lm.prefill(base + [base[0]])  # the cache holds `base`
+    return lm, base
+
+
+def forward_seconds(lm: CachedLM, base: list[int], n: int) -> float:
+    """Seconds of one forward over n new tokens after `base` (the cache is rolled back to `base` first; the
+    forward's own `Timer`, so the rollback is not in it)."""
     cached_next = lm.token_ids[len(base):len(base) + 1]
     first = 2 if cached_next == [1] else 1  # differs from what is cached, so the rollback keeps exactly `base`
     feed = lm.pending(base + [first] + [3] * (n - 1))  # [n] new tokens
     return lm.forward(feed, logits_to_keep=n)[1]
 
 
-def _context(model: torch.nn.Module, length: int) -> list[int]:
+def context_ids(model: torch.nn.Module, length: int = CONTEXT_TOKENS) -> list[int]:
     """A deterministic context of distinct tokens (given length + 10 rows or more: the stride 7919 is prime);
     timing does not depend on which ids."""
     rows = vocab_size(model)
