@@ -82,11 +82,12 @@ def test_the_time_limit_and_stop_while_queued():
 
 
 def test_a_worker_killed_by_a_base_exception_still_releases_the_consumer():
-    def decode(on_round):
+    def decode():
         raise KeyboardInterrupt  # not an Exception: used to leave the consumer waiting forever
+        yield
     done = []
     thread = threading.Thread(target=lambda: done.append(pytest.raises(KeyboardInterrupt, list,
-                                                                        stream(decode, StopToken()))))
+                                                                        stream(decode(), StopToken()))))
     thread.start()
     thread.join(10)
     assert done and not thread.is_alive()

@@ -1,10 +1,11 @@
-"""The one clock: every timed region syncs the device once at each end; the interleaved order."""
+"""The one clock: every timed region syncs the device once at each end; the interleaved order; the engine's
+generator of rounds (one round per resume, the consumer's time left out)."""
 import time
 
 import pytest
 import torch
 
-from specdec import autoregressive_generate, speculative_generate
+from specdec import autoregressive_generate, speculative_generate, speculative_rounds
 from specdec.core import timing
 from specdec.core.kv import CachedLM
 from specdec.costs.calibration import calibrate
@@ -82,3 +83,23 @@ def test_interleaved_takes_the_candidates_round_robin_each_repeat_one_later():
     assert "".join(order) == "abc" + "bca" + "cab" + "abc"
     assert samples == {"a": [1.0, 6.0, 8.0, 10.0], "b": [2.0, 4.0, 9.0, 11.0], "c": [3.0, 5.0, 7.0, 12.0]}
     assert timing.medians(samples) == {"a": 7.0, "b": 6.5, "c": 6.0}
+
+
+def test_speculative_rounds_yields_each_round_and_returns_the_result(pair):
+    target, draft = pair
+    decode = speculative_rounds(target, draft, PROMPT, k=3, max_new_tokens=20, eos_token_id=[])
+    seen = [next(decode)]
+    time.sleep(0.3)  # the consumer holds the round: not measured
+    seen.append(decode.send(True))
+    with pytest.raises(StopIteration) as end:
+        decode.send(False)  # stop after the round just yielded
+    result = end.value.value
+    assert result.rounds == seen and result.stopped_early and result.stats.wall_time_s < 0.3
+    whole = speculative_generate(target, draft, PROMPT, k=3, max_new_tokens=20, eos_token_id=[])
+    assert whole.token_ids[:len(result.token_ids)] == result.token_ids
+
+
+def test_speculative_rounds_refuses_a_bad_k_at_once(pair):
+    target, draft = pair
+    with pytest.raises(ValueError, match="k must be"):
+        speculative_rounds(target, draft, PROMPT, k=0)
