@@ -10,6 +10,7 @@ from specdec.core.limits import K_MAX
 from specdec.core.suites import SUITES_DIR, available_suites, load_suite
 from specdec.core.trace import first_divergence
 from specdec.costs.advisor import advise, speedup_curve
+from specdec.costs.profile import load_profile, speedups_by_k
 from specdec.lab.bench.run import BenchConfig, contender, run_bench
 from specdec.lab.bench.store import read_rows
 from specdec.lab.bench.summary import advice_rows, format_report, summarise, target_checks
@@ -298,6 +299,25 @@ def test_cli_bench_on_tiny_suite_end_to_end(tmp_path, monkeypatch, capsys):
     assert auto and all(r["hf_assisted_tok_s"] for r in auto)  # HF's own adaptive schedule
     assert main(argv) == 0  # resumed: nothing left to run, same summary
     assert len((out / "results.jsonl").read_text().splitlines()) == len(rows)
+
+
+def test_cli_bench_with_a_cost_profile_predicts_the_speedup_there_and_the_k_to_use(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    target, out, there = ids_folder(tmp_path / "target", seed=0), tmp_path / "run", tmp_path / "there.json"
+    assert main(["profile", "--target", target, "--draft", "lookup", "--dtype", "float32", "--save", str(there)]) == 0
+    argv = ["bench", "--target", target, "--prompts", "tiny", "--limit", "1", "--k", "1", "2", "--max-new-tokens", "6",
+            "--dtype", "float32", "--no-hf-generate", "--costs", str(there), "--out", str(out)]
+    assert main([*argv[:3], "--draft", target, *argv[3:]]) == 1  # a draft the profile does not price: refused
+    assert not (out / "results.jsonl").exists()
+    assert main([*argv[:3], "--draft", "lookup", *argv[3:]]) == 0
+    summary = (out / "summary.md").read_text()
+    profile = load_profile(there)
+    assert f"## On {profile.label}" in summary and "- lookup: use k=" in summary
+    cells = [r for r in read_rows(out) if r["k"] == "2"]
+    tokens = sum(r["new_tokens"] for r in cells)
+    expected = tokens / sum(r["new_tokens"] / speedups_by_k(r["per_position_acceptance"], profile.costs("lookup"))[2]
+                            for r in cells)
+    assert "| lookup | 2 |" in summary and f"| {expected:.2f}x |" in summary
 
 
 def test_cli_bench_self_auto_benches_the_calibrated_layer_count(tmp_path, monkeypatch, capsys):
