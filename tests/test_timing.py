@@ -45,21 +45,22 @@ def test_every_forward_and_the_engine_wall_time_go_through_the_sync(pair, syncs)
     syncs.clear()
     result = speculative_generate(target, draft, PROMPT, k=3, max_new_tokens=12, eos_token_id=[])
     forwards = result.stats.target_forwards + result.stats.draft_forwards
-    assert len(syncs) == 2 * forwards + 2  # each forward's two ends, and the wall time's
+    assert len(syncs) == 2 * (forwards + result.stats.rounds + 1)  # each forward's two ends, each round's, the wall's
     syncs.clear()
     alone = autoregressive_generate(target, PROMPT, max_new_tokens=5, eos_token_id=[])
-    assert len(syncs) == 2 * alone.stats.target_forwards + 2
+    assert len(syncs) == 2 * (alone.stats.target_forwards + alone.stats.rounds + 1)
     syncs.clear()
     copied = speculative_generate(target, PromptLookupDraft(), PROMPT * 2, k=3, max_new_tokens=6, eos_token_id=[])
     proposals = sum(r.k > 0 for r in copied.rounds)  # prompt lookup's proposals are timed regions too
-    assert len(syncs) == 2 * copied.stats.target_forwards + 2 + 2 * proposals
+    assert len(syncs) == 2 * (copied.stats.target_forwards + copied.stats.rounds + 1 + proposals)
 
 
 def test_bench_cells_and_calibration_are_timed_through_the_sync(pair, syncs, tmp_path):
     target, draft = pair
     timed = time_generation(lambda: autoregressive_generate(target, PROMPT, max_new_tokens=3, eos_token_id=[]),
                             2, target.device)
-    inner = 2 * (timed.output.stats.target_forwards + 1)  # one generation's own regions
+    stats = timed.output.stats
+    inner = 2 * (stats.target_forwards + stats.rounds + 1)  # one generation's own regions
     assert len(syncs) == 2 * (inner + 2)  # each of the 2 runs: its own region around the generation's
     syncs.clear()
     calibrate(target, None, n_max=3, repeats=2, cache_dir=tmp_path)

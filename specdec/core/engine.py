@@ -173,7 +173,7 @@ def _prefill(reader, prompt: list[int], budget: Budget) -> float:
 
 def _round(verifier: CachedLM, drafter: Drafter, context: list[int], n: int,
            policy: SamplingPolicy, eos: set[int]) -> Round:
-    start = time.perf_counter()
+    start = clock(verifier.device)
     proposal = drafter.propose(context, n, policy) if n > 0 else Proposal([], None)
     drafts = proposal.token_ids
     # target_logits: [len(drafts)+1, V], row i = next-token logits after context + drafts[:i]
@@ -201,7 +201,7 @@ def _round(verifier: CachedLM, drafter: Drafter, context: list[int], n: int,
         target_top_logits=top.values.tolist(),
         draft_source=proposal.source if drafts else "",
         uniforms=list(verdict.uniforms),
-        wall_time_s=time.perf_counter() - start,
+        wall_time_s=clock(verifier.device) - start,
     )
 
 
