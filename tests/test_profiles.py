@@ -7,7 +7,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from specdec.cli import main
-from specdec.core import theory
+from specdec.core import hardware, theory
 from specdec.costs.profile import VERSION, load_profile, predict, save_profile, speedups_by_k
 from specdec.models import entries, random_weights
 from specdec.testing import tiny_config, tiny_folder
@@ -147,3 +147,10 @@ def test_each_shipped_architecture_is_a_catalogue_model_of_its_size(name):
     parameters = sum(p.numel() for p in model.parameters()) - (0 if tied else model.lm_head.weight.numel())
     stated = float(entry.parameters[:-1]) * {"M": 1e6, "B": 1e9}[entry.parameters[-1]]
     assert 0.75 < parameters / stated < 1.1  # the catalogue's size counts the embedding once
+
+
+def test_a_stored_hardware_description_is_named_in_one_line():
+    here = hardware.describe("cpu")
+    assert hardware.label(here) == f"{here['cpu']}, {here['threads']} threads"
+    assert hardware.label({**here, "gpu": "Some GPU"}) == "Some GPU"
+    assert hardware.code_version()  # a commit here, "unknown" outside a checkout
