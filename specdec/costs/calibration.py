@@ -6,7 +6,7 @@ tokens costs v(n) one-token steps, with v(1) = 1 and v(n) growing with n (how fa
 dtype's kernels). `calibrate` measures, for the loaded pair, dtype and thread count,
 
 - v(n) = median time of a target forward over n new tokens / median time of a one-token step,
-  for n = 1..n_max, after a CONTEXT_TOKENS-token context, the sizes interleaved and repeated;
+  for n = 1..n_max, after a 64-token context (`specdec.core.forwards`), the sizes interleaved and repeated;
 - c = median time of one draft forward / the target's one-token step (Leviathan's c);
 
 and `CostModel.predicted_speedup(alpha, k)` = E[tokens per round] / (v(k+1) + k*c)
@@ -29,15 +29,14 @@ import torch
 from specdec.core import files
 from specdec.core.costmodel import CostModel, TargetCosts
 from specdec.core.drafter import Drafter, NoDraft, SamplingPolicy, as_drafter
+from specdec.core.forwards import forward_seconds, primed_cache, timing_context
 from specdec.core.inputs import unwrap, vocab_size
-from specdec.core.kv import CachedLM
 from specdec.core.limits import K_AUTO_MAX, Budget
 from specdec.core.timing import interleaved, medians
 from specdec.models import cache
 from specdec.models.quant import is_quantized
 from specdec.models.speed import set_rows_first
 
-CONTEXT_TOKENS = 64  # tokens in the cache before each timed forward (a short prompt plus some output)
 REPEATS = 3  # timed forwards per size; the median is kept
 N_MAX = K_AUTO_MAX + 1  # largest verification size calibrated: k_max drafts plus the target's own token
 MEASURING = "measuring what verification and drafting cost on this machine"  # what a BudgetExceeded says
@@ -115,7 +114,7 @@ def measure_draft_step(target_model: torch.nn.Module, drafter: Drafter, repeats:
     """Median seconds per draft forward of a one-token proposal (a model-free drafter: per proposal).
 
     The context repeats no token, so a hybrid's prompt lookup finds nothing and its model drafts."""
-    context = context_ids(target_model)
+    context = timing_context(target_model)
     policy = SamplingPolicy(0.0, 1.0, torch.Generator(), vocab_size(target_model))
     drafter.prefill(context)
     drafter.propose(context, 1, policy)  # warm-up
@@ -125,30 +124,6 @@ def measure_draft_step(target_model: torch.nn.Module, drafter: Drafter, repeats:
         proposal = drafter.propose(context, 1, policy)
         per_forward.append(proposal.time_s / max(proposal.forwards, 1))
     return statistics.median(per_forward)
-
-
-def primed_cache(model: torch.nn.Module) -> tuple[CachedLM, list[int]]:
-    """A CachedLM of `model` holding CONTEXT_TOKENS tokens of context, and that context: where forwards are timed."""
-    lm = CachedLM(model)
-    base = context_ids(model)
-    lm.prefill(base + [base[0]])  # the cache holds `base`
-    return lm, base
-
-
-def forward_seconds(lm: CachedLM, base: list[int], n: int) -> float:
-    """Seconds of one forward over n new tokens after `base` (the cache is rolled back to `base` first; the
-    forward's own `Timer`, so the rollback is not in it)."""
-    cached_next = lm.token_ids[len(base):len(base) + 1]
-    first = 2 if cached_next == [1] else 1  # differs from what is cached, so the rollback keeps exactly `base`
-    feed = lm.pending(base + [first] + [3] * (n - 1))  # [n] new tokens
-    return lm.forward(feed, logits_to_keep=n)[1]
-
-
-def context_ids(model: torch.nn.Module, length: int = CONTEXT_TOKENS) -> list[int]:
-    """A deterministic context of distinct tokens (given length + 10 rows or more: the stride 7919 is prime);
-    timing does not depend on which ids."""
-    rows = vocab_size(model)
-    return [(7 + 7919 * i) % (rows - 10) + 5 for i in range(length)]
 
 
 def _identity(model_or_loaded) -> str:

@@ -32,9 +32,9 @@ from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 from transformers.pytorch_utils import Conv1D
 
+from specdec.core.forwards import forward_seconds, primed_cache
 from specdec.core.kv import CachedLM
 from specdec.core.timing import time_median, warm_up
-from specdec.costs.calibration import forward_seconds, primed_cache
 from specdec.models.quant import Int8Linear, Int8Slice
 
 GROUPS = ("GEMM", "linear overhead", "attention", "norms/rotary/elementwise", "cache ops", "other")

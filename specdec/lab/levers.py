@@ -29,9 +29,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from specdec.core.engine import autoregressive_generate
+from specdec.core.forwards import forward_seconds, primed_cache, timing_context
 from specdec.core.kv import CACHE_CLASS_FLAG, CachedLM, common_prefix_length
 from specdec.core.timing import Timer, interleaved
-from specdec.costs.calibration import context_ids, forward_seconds, primed_cache
 from specdec.models import quant
 
 VERIFY_TOKENS = 5  # new tokens of the timed verification forward, v(5)
@@ -210,7 +210,7 @@ class LeverRow:
     warmup_s: float  # the greedy check and WARMUP_ROUNDS untimed step/verification pairs (compilation included)
     identity: str  # "identical", or "differs at token i" (greedy target-alone tokens against no lever)
     lm: CachedLM = field(repr=False)  # this lever's cache, holding the context
-    base: list[int] = field(repr=False)  # that context (`specdec.costs.calibration.primed_cache`)
+    base: list[int] = field(repr=False)  # that context (`specdec.core.forwards.primed_cache`)
     step: list[float] = field(default_factory=list)  # seconds of each one-token step
     verify: list[float] = field(default_factory=list)  # seconds of each VERIFY_TOKENS-token forward
 
@@ -262,7 +262,7 @@ def _prepare(model, name: str, lever: Callable, reference: list[int]) -> LeverRo
 
 def _greedy(model: torch.nn.Module) -> list[int]:
     """IDENTITY_TOKENS greedy tokens of the model alone after a fixed prompt."""
-    prompt = context_ids(model, PROMPT_TOKENS)
+    prompt = timing_context(model, PROMPT_TOKENS)
     return autoregressive_generate(model, prompt, max_new_tokens=IDENTITY_TOKENS, eos_token_id=[]).token_ids
 
 

@@ -24,9 +24,9 @@ candidates, so no timing outlives the path it measured; `recalibrate=True` measu
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
-import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -35,7 +35,8 @@ from transformers import AutoModelForCausalLM
 from transformers.initialization import no_init_weights
 
 from specdec.core import files, hardware
-from specdec.core.kv import CachedLM
+from specdec.core.forwards import CONTEXT_TOKENS, forward_seconds, primed_cache
+from specdec.core.timing import interleaved, medians
 from specdec.models import cache, quant, quant4
 from specdec.models.speed import apply_speed_levers
 
@@ -44,7 +45,6 @@ ROW_INVARIANT = ("int8", "int4")  # formats whose verification rows are bitwise 
 CPU_ONLY = ("int8", "int8-dynamic", "int4")  # formats with CPU kernels only
 ROLES = ("target", "draft")
 LAYERS = (1, 4)  # depths timed; the model's depth is extrapolated from these two
-CONTEXT = 64  # tokens in the cache before each timed forward
 VERIFY_ROWS = 5  # rows of the timed verification forward (k = 4 drafts + the target's token)
 REPEATS = 5  # timed forwards per depth and size, interleaved across formats; the median is kept
 METHOD = 1  # bump when what a format calibration measures changes
@@ -55,8 +55,8 @@ class FormatTiming:
     """One format's measured forward times at the model's depth (seconds, extrapolated)."""
 
     format: str
-    step_s: float  # a one-token forward after CONTEXT tokens
-    verify_s: float  # a VERIFY_ROWS-token forward after CONTEXT tokens
+    step_s: float  # a one-token forward after CONTEXT_TOKENS tokens
+    verify_s: float  # a VERIFY_ROWS-token forward after CONTEXT_TOKENS tokens
 
     @property
     def target_s(self) -> float:
@@ -129,19 +129,18 @@ def _choose(role: str, timings: list[FormatTiming], key: str, measured_now: bool
 
 def time_formats(config, formats, *, device: str = "cpu", repeats: int = REPEATS) -> list[FormatTiming]:
     """Each format's one-token and VERIFY_ROWS-token forward at `config`'s depth, from random-weight models at the
-    depths LAYERS, the formats interleaved round by round (medians of `repeats`)."""
+    depths LAYERS, the formats interleaved round by round (`specdec.core.timing.interleaved`, medians of
+    `repeats`)."""
     depth = config.num_hidden_layers
-    runs = {(f, layers): _Timed(build(config, f, layers, device)) for f in formats for layers in LAYERS}
-    samples = {run: ([], []) for run in runs}
-    for _ in range(repeats):
-        for run, timed in runs.items():
-            samples[run][0].append(timed.forward(1))
-            samples[run][1].append(timed.forward(VERIFY_ROWS))
-    medians = {run: tuple(statistics.median(s) for s in pair) for run, pair in samples.items()}
+    caches = {(f, layers): primed_cache(build(config, f, layers, device)) for f in formats for layers in LAYERS}
+    for lm, base in caches.values():
+        forward_seconds(lm, base, 1)  # warm-up
+    seconds = medians(interleaved({(run, n): functools.partial(forward_seconds, *caches[run], n)
+                                   for run in caches for n in (1, VERIFY_ROWS)}, repeats))
     low, high = LAYERS
     timings = []
     for f in formats:
-        at = [medians[(f, low)], medians[(f, high)]]
+        at = [[seconds[((f, layers), n)] for n in (1, VERIFY_ROWS)] for layers in LAYERS]
         per_layer = [max((at[1][i] - at[0][i]) / (high - low), 0.0) for i in range(2)]
         full = [at[0][i] + (depth - low) * per_layer[i] for i in range(2)]
         timings.append(FormatTiming(f, full[0], full[1]))
@@ -176,29 +175,12 @@ def to_format(model: torch.nn.Module, format_: str) -> torch.nn.Module:
     return model
 
 
-class _Timed:
-    """A model with CONTEXT tokens cached; `forward(n)` times n new tokens after them (rolled back each time)."""
-
-    def __init__(self, model: torch.nn.Module):
-        self.lm = CachedLM(model)
-        rows = model.get_output_embeddings().weight.shape[0]
-        self.base = [(7 + 7919 * i) % (rows - 10) + 5 for i in range(CONTEXT)]
-        self.lm.prefill(self.base + [self.base[0]])
-        self.forward(1)  # warm-up
-
-    def forward(self, n: int) -> float:
-        cached_next = self.lm.token_ids[len(self.base):len(self.base) + 1]
-        first = 2 if cached_next == [1] else 1  # differs from what is cached, so the rollback keeps exactly `base`
-        feed = self.lm.pending(self.base + [first] + [3] * (n - 1))  # [n] new tokens
-        return self.lm.forward(feed, logits_to_keep=n)[1]
-
-
 def _key(config, formats, device: str) -> str:
     shapes = {name: getattr(config, name, None) for name in (
         "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
         "num_key_value_heads", "vocab_size", "tie_word_embeddings")}
     about = {"hardware": hardware.describe(device), "method": METHOD, "weight_limit": quant.weight_limit(),
-             "shapes": shapes, "formats": list(formats), "context": CONTEXT}
+             "shapes": shapes, "formats": list(formats), "context": CONTEXT_TOKENS}
     return hashlib.sha256(json.dumps(about, sort_keys=True).encode()).hexdigest()[:20]
 
 
