@@ -8,10 +8,10 @@ from specdec.cli import main
 from specdec.core import theory
 from specdec.core.limits import K_MAX
 from specdec.core.suites import SUITES_DIR, available_suites, load_suite
-from specdec.core.trace import first_divergence
+from specdec.core.trace import Counts, first_divergence, ratio
 from specdec.costs.advisor import advise, speedup_curve
 from specdec.costs.profile import load_profile, speedups_by_k
-from specdec.lab.bench.run import BenchConfig, contender, run_bench
+from specdec.lab.bench.run import BenchConfig, contender, row_counts, run_bench
 from specdec.lab.bench.store import read_rows
 from specdec.lab.bench.summary import advice_rows, format_report, summarise, target_checks
 from specdec.testing import perturbed_copy, tiny_folder, tiny_model, tiny_tokenizer
@@ -313,10 +313,9 @@ def test_cli_bench_with_a_cost_profile_predicts_the_speedup_there_and_the_k_to_u
     summary = (out / "summary.md").read_text()
     profile = load_profile(there)
     assert f"## On {profile.label}" in summary and "- lookup: use k=" in summary
-    cells = [r for r in read_rows(out) if r["k"] == "2"]
-    tokens = sum(r["new_tokens"] for r in cells)
-    expected = tokens / sum(r["new_tokens"] / speedups_by_k(r["per_position_acceptance"], profile.costs("lookup"))[2]
-                            for r in cells)
+    counts = sum((row_counts(r) for r in read_rows(out) if r["k"] == "2"), Counts())
+    rates = [ratio(accepted, reached) for accepted, reached in zip(counts.accepted_at, counts.reached)]
+    expected = speedups_by_k(rates, profile.costs("lookup"))[2]
     assert "| lookup | 2 |" in summary and f"| {expected:.2f}x |" in summary
 
 

@@ -9,7 +9,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from specdec.cli import main
 from specdec.core import hardware, theory
 from specdec.costs.profile import VERSION, load_profile, predict, save_profile, speedups_by_k
-from specdec.models import entries, random_weights
+from specdec.models import entries, formats, random_weights
 from specdec.testing import tiny_config, tiny_folder
 
 PROFILE = {"format": "specdec cost profile", "version": VERSION, "target": "t", "dtype": "bfloat16",
@@ -38,7 +38,7 @@ def test_profile_save_writes_what_load_reads_back(folders, tmp_path, monkeypatch
     assert profile.target == "target" and profile.device == "cpu" and profile.weights == "loaded"
     assert set(profile.drafts) == {str(draft), "lookup"} and profile.verify[0] == 1.0 and len(profile.verify) == 9
     assert profile.hardware["cpu"] and profile.hardware["threads"] == torch.get_num_threads()
-    assert profile.code_version and profile.date and profile.dtype in ("float32", "bfloat16")
+    assert profile.code_version and profile.date and profile.dtype in formats.FORMATS
     again = tmp_path / "again.json"
     save_profile(profile, again)
     assert json.loads(again.read_text()) == json.loads(saved.read_text())
@@ -119,7 +119,7 @@ def test_random_weights_profile_a_machine_without_the_model_files(tiny_architect
     target, draft = entries.default_name("target"), entries.default_name("draft")
     saved = tmp_path / "random.json"
     assert main(["profile", "--target", target, "--draft", draft, "self:1", "--random-weights", "--dtype",
-                 "float32", "--save", str(saved)]) == 0
+                 "float32", "--draft-dtype", "float32", "--save", str(saved)]) == 0
     assert "with random weights" in capsys.readouterr().out
     profile = load_profile(saved)
     assert (profile.target, profile.weights, set(profile.drafts)) == (target, "random", {draft, "self:1"})
