@@ -47,7 +47,8 @@ def app_server(tmp_path_factory):
     env = os.environ | {"SPECDEC_HOST": "127.0.0.1", "SPECDEC_PORT": str(port), "SPECDEC_ALLOW_CUSTOM_MODELS": "1",
                         "SPECDEC_MAX_NEW_TOKENS": "24", "SPECDEC_TARGET": paths["target"],
                         "SPECDEC_DRAFT": paths["draft"], "SPECDEC_UNALIGNED": paths["unaligned"],
-                        "GRADIO_ANALYTICS_ENABLED": "False"}
+                        "GRADIO_ANALYTICS_ENABLED": "False",
+                        "SPECDEC_DTYPE": "int8"}  # one format for the server and the test: auto is measured per process
     process = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}/"
@@ -66,7 +67,7 @@ def test_speculate_api_returns_the_result_json_and_greedy_equals_target_alone(ap
     assert set(result) == {"token_ids", "rounds", "stats", "text", "stopped_early"}
     assert len(result["token_ids"]) == 20 and result["stats"]["k"] == 4
     assert sum(len(r["emitted_token_ids"]) for r in result["rounds"]) == 20
-    alone = autoregressive_generate(load_model(paths["target"]), "今天天气", max_new_tokens=20)
+    alone = autoregressive_generate(load_model(paths["target"], dtype="int8"), "今天天气", max_new_tokens=20)
     assert result["token_ids"] == alone.token_ids
     assert result["text"] == alone.text
 

@@ -8,9 +8,10 @@ from specdec.cli import main
 from specdec.core import theory
 from specdec.core.limits import K_MAX
 from specdec.core.suites import SUITES_DIR, available_suites, load_suite
-from specdec.core.trace import first_divergence
+from specdec.core.trace import Counts, first_divergence, ratio
 from specdec.costs.advisor import advise, speedup_curve
-from specdec.lab.bench.run import BenchConfig, contender, run_bench
+from specdec.costs.profile import load_profile, speedups_by_k
+from specdec.lab.bench.run import BenchConfig, contender, row_counts, run_bench
 from specdec.lab.bench.store import read_rows
 from specdec.lab.bench.summary import advice_rows, format_report, summarise, target_checks
 from specdec.testing import perturbed_copy, tiny_folder, tiny_model, tiny_tokenizer
@@ -257,15 +258,16 @@ def test_first_divergence():
 def test_cells_are_timed_by_the_shared_harness_first_output_median_time(monkeypatch):
     from types import SimpleNamespace
 
+    from specdec.core import timing
     from specdec.lab import measure
 
     clock = iter([0.0, 5.0, 10.0, 11.0, 20.0, 22.0])  # three runs of 5 s, 1 s and 2 s
-    monkeypatch.setattr(measure, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
     outputs = iter([[7, 8], [9], [9]])
-    timed = measure.time_median(lambda: next(outputs), repeats=3)
+    timed = measure.time_generation(lambda: next(outputs), repeats=3, device="cpu")
     assert timed.token_ids == [7, 8] and timed.seconds == 2.0 and timed.tokens_per_s == 1.0
     calls = []
-    measure.warm_up(lambda: calls.append("a"), lambda: calls.append("b"))
+    timing.warm_up(lambda: calls.append("a"), lambda: calls.append("b"))
     assert calls == ["a", "b"]
 
 
@@ -297,6 +299,24 @@ def test_cli_bench_on_tiny_suite_end_to_end(tmp_path, monkeypatch, capsys):
     assert auto and all(r["hf_assisted_tok_s"] for r in auto)  # HF's own adaptive schedule
     assert main(argv) == 0  # resumed: nothing left to run, same summary
     assert len((out / "results.jsonl").read_text().splitlines()) == len(rows)
+
+
+def test_cli_bench_with_a_cost_profile_predicts_the_speedup_there_and_the_k_to_use(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    target, out, there = ids_folder(tmp_path / "target", seed=0), tmp_path / "run", tmp_path / "there.json"
+    assert main(["profile", "--target", target, "--draft", "lookup", "--dtype", "float32", "--save", str(there)]) == 0
+    argv = ["bench", "--target", target, "--prompts", "tiny", "--limit", "1", "--k", "1", "2", "--max-new-tokens", "6",
+            "--dtype", "float32", "--no-hf-generate", "--costs", str(there), "--out", str(out)]
+    assert main([*argv[:3], "--draft", target, *argv[3:]]) == 1  # a draft the profile does not price: refused
+    assert not (out / "results.jsonl").exists()
+    assert main([*argv[:3], "--draft", "lookup", *argv[3:]]) == 0
+    summary = (out / "summary.md").read_text()
+    profile = load_profile(there)
+    assert f"## On {profile.label}" in summary and "- lookup: use k=" in summary
+    counts = sum((row_counts(r) for r in read_rows(out) if r["k"] == "2"), Counts())
+    rates = [ratio(accepted, reached) for accepted, reached in zip(counts.accepted_at, counts.reached)]
+    expected = speedups_by_k(rates, profile.costs("lookup"))[2]
+    assert "| lookup | 2 |" in summary and f"| {expected:.2f}x |" in summary
 
 
 def test_cli_bench_self_auto_benches_the_calibrated_layer_count(tmp_path, monkeypatch, capsys):

@@ -8,6 +8,7 @@ import hashlib
 import pytest
 import torch
 
+from specdec.core import files
 from specdec.models import cache, load_model
 from specdec.testing import tiny_model
 from faults import kill_at, paused
@@ -108,8 +109,8 @@ def test_a_partial_whose_writer_holds_the_lock_is_kept():
     assert cache.clean_stale() == 1 and not partial.exists()
 
 
-LIVE_WRITER = ("from pathlib import Path; from specdec.models import cache\n"
-               "with cache.atomic_path(Path({final!r})) as partial:\n"
+LIVE_WRITER = ("from pathlib import Path; from specdec.core import files\n"
+               "with files.atomic_path(Path({final!r})) as partial:\n"
                "    partial.mkdir(); (partial / 'draft.safetensors').write_bytes(b'half')\n"
                "    pause()")
 
@@ -123,27 +124,27 @@ def test_a_live_writer_s_partial_survives_cleanup_even_without_the_destination_l
     assert cache.clean_stale() == 1 and partials() == [] and list(final.parent.iterdir()) == []
 
 
-REPLACE = ("import os; from pathlib import Path; from specdec.models import cache\n"
+REPLACE = ("import os; from pathlib import Path; from specdec.core import files\n"
            "replace, calls = os.replace, []\n"
            "def paused_second(*args):\n"
            "    calls.append(args)\n"
            "    if len(calls) == 2: pause()  # the old folder is moved aside, the new one not yet in place\n"
            "    replace(*args)\n"
            "os.replace = paused_second\n"
-           "with cache.atomic_path(Path({final!r})) as partial:\n"
+           "with files.atomic_path(Path({final!r})) as partial:\n"
            "    partial.mkdir(); (partial / 'version').write_text('2')")
 
 
 def test_a_kill_while_a_folder_is_replaced_keeps_the_old_one():
     final = cache.root() / "aligned" / "draft"
-    with cache.atomic_path(final) as partial:
+    with files.atomic_path(final) as partial:
         partial.mkdir()
         (partial / "version").write_text("1")
     kill_at(REPLACE.format(final=str(final)), "pause")
     assert not final.exists()  # between the two renames
     cache.clean_stale()
     assert (final / "version").read_text() == "1" and partials() == []
-    with cache.atomic_path(final) as partial:  # and the next write replaces it as usual
+    with files.atomic_path(final) as partial:  # and the next write replaces it as usual
         partial.mkdir()
         (partial / "version").write_text("3")
     assert (final / "version").read_text() == "3" and sorted(p.name for p in final.parent.iterdir()) == ["draft"]

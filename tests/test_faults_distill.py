@@ -41,7 +41,7 @@ def straight(setup):
 
 @pytest.mark.parametrize("point", ["half:safetensors.torch.save_model",  # mid-way through the weights
                                    "torch.save",  # between the weights and the optimizer state
-                                   "specdec.models.cache.write_text"])  # checkpoint whole, LATEST not yet moved
+                                   "specdec.core.files.write_text"])  # checkpoint whole, LATEST not yet moved
 def test_a_run_killed_at_a_checkpoint_resumes_to_the_uninterrupted_result(setup, straight, tmp_path, point):
     out = tmp_path / "run"
     kill_at(f"from specdec.cli import main; main({arguments(setup, out)!r})", point, call=3)

@@ -14,6 +14,7 @@ import pytest
 from gradio.context import LocalContext
 
 from specdec import speculative_generate
+from specdec.core.engine import speculative_rounds
 from specdec.core.limits import Budget
 from specdec.dashboard import handlers, teach
 from specdec.dashboard.config import AppConfig
@@ -82,14 +83,31 @@ def test_the_time_limit_and_stop_while_queued():
 
 
 def test_a_worker_killed_by_a_base_exception_still_releases_the_consumer():
-    def decode(on_round):
+    def decode():
         raise KeyboardInterrupt  # not an Exception: used to leave the consumer waiting forever
+        yield
     done = []
     thread = threading.Thread(target=lambda: done.append(pytest.raises(KeyboardInterrupt, list,
-                                                                        stream(decode, StopToken()))))
+                                                                        stream(decode(), StopToken()))))
     thread.start()
     thread.join(10)
     assert done and not thread.is_alive()
+
+
+def test_stream_stops_the_decode_after_the_round_the_token_is_set_in_and_closes_it_when_left():
+    target = tiny_model("llama", seed=0)
+    draft = perturbed_copy(target, 0.3)
+    token = StopToken()
+    updates = stream(speculative_rounds(target, draft, [5, 6, 7], k=2, max_new_tokens=30), token, interval_s=0.0)
+    assert len(next(updates)) == 1
+    token.stopped = True
+    result = list(updates)[-1]
+    assert result.stopped_early and len(result.rounds) == 1
+    decode = speculative_rounds(target, draft, [5, 6, 7], k=2, max_new_tokens=30)
+    left = stream(decode, StopToken(), interval_s=0.0)
+    next(left)
+    left.close()  # the page went away
+    assert decode.gi_frame is None
 
 
 @pytest.mark.parametrize("host, allowed", [("127.0.0.1", True), ("127.3.4.5", True), ("localhost", True),
@@ -294,9 +312,8 @@ def test_closing_a_step_through_session_ends_its_decode_and_lets_go_of_its_model
     session = step.StepSession()
     step.step_start(hub, paths["target"], paths["draft"], "auto", "hello", 2, 12, False, 1.0, 1.0, 0, session,
                      progress=Progress())
-    stepper = session.stepper
-    assert stepper._thread.is_alive()  # paused after its first round, holding its KV cache
+    decode = session.stepper._rounds
+    assert decode.gi_frame is not None  # paused after its first round, holding its KV cache
     step.StepSession.close(session)
-    stepper._thread.join(10)
-    assert not stepper._thread.is_alive() and session.target is None and session.draft is None
+    assert decode.gi_frame is None and session.target is None and session.draft is None
     assert "Start step-through" in step.step_next(session)[2]

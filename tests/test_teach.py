@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import threading
 
 import gradio as gr
 import pytest
@@ -11,6 +12,7 @@ import torch
 
 from specdec import autoregressive_generate, speculative_generate
 from specdec.core import theory
+from specdec.core.engine import speculative_rounds
 from specdec.costs.waterfall import cost_waterfall, theory_steps
 from specdec.dashboard import handlers, teach
 from specdec.dashboard.chips import chips_html, token_label
@@ -187,10 +189,10 @@ def test_classroom_preset_and_default_prompt():
 def test_stepper_close_ends_the_paused_decode_after_its_round():
     target = tiny_model("llama", seed=0)
     draft = perturbed_copy(target, 0.3)
-    stepper = teach.Stepper(lambda on_round: speculative_generate(target, draft, [5, 6, 7], k=2, max_new_tokens=30,
-                                                                  on_round=on_round))
+    threads = threading.active_count()
+    decode = speculative_rounds(target, draft, [5, 6, 7], k=2, max_new_tokens=30)
+    stepper = teach.Stepper(decode)
     assert stepper.next_round() is not None and stepper.next_round() is not None
-    thread = stepper._thread
+    assert threading.active_count() == threads  # the decode pauses in place: no worker thread
     stepper.close()
-    thread.join(timeout=30)
-    assert not thread.is_alive() and stepper.next_round() is None and len(stepper.rounds) == 2
+    assert decode.gi_frame is None and stepper.next_round() is None and len(stepper.rounds) == 2

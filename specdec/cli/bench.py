@@ -3,6 +3,9 @@
 Writes results.jsonl/.csv (one row per (draft, k, prompt) cell), summary.md (per-category
 tables, where the time goes, k advice, performance targets, greedy divergences) and plotly HTML
 charts to --out. A rerun with the same --out and settings skips the cells already measured.
+`--costs FILE` (a profile another machine saved, `specdec.costs.profile`) adds a section: the speedup that
+machine's costs predict from the α̂ per draft position measured here, next to the speedup measured here, and
+the k the advisor picks there.
 """
 from __future__ import annotations
 
@@ -14,12 +17,15 @@ from pathlib import Path
 import torch
 
 from specdec.cli.arguments import parse_k
+from specdec.core import files
 from specdec.core.limits import K_AUTO_START, K_MAX
 from specdec.core.suites import available_suites, encode, load_suite, split_note
+from specdec.core.trace import Counts, Rates
 from specdec.costs.calibration import calibrate
+from specdec.costs.profile import CostProfile, load_profile, speedups_by_k
 from specdec.lab.bench import llamacpp
-from specdec.lab.bench.run import BenchConfig, cells_to_run, contender, prompts_fingerprint, run_bench
-from specdec.lab.bench.store import check_run_folder, write_atomically
+from specdec.lab.bench.run import BenchConfig, cells_to_run, contender, prompts_fingerprint, row_counts, run_bench
+from specdec.lab.bench.store import check_run_folder
 from specdec.lab.bench.summary import advice_rows, format_report, row_costs, summarise
 from specdec.lab.measure import Calibration, calibrate_layers
 from specdec.lab.plots import speedup_curves
@@ -52,6 +58,9 @@ def register(subparsers) -> None:
     p.add_argument("--split", choices=("dev", "heldout"), help="only this split of the suite")
     p.add_argument("--limit", type=int, help="first N prompts of each category")
     p.add_argument("--no-hf-generate", action="store_true", help="skip the HF plain generate() column")
+    p.add_argument("--costs", metavar="FILE",
+                   help="a cost profile of another machine (`profile --save FILE`): the summary adds the speedup "
+                        "predicted there from the α̂ per draft position measured here, and the k to use there")
     p.add_argument("--out", required=True, help="run folder (created; reused to resume)")
     p.set_defaults(func=run)
 
@@ -59,17 +68,22 @@ def register(subparsers) -> None:
 def run(args) -> int:
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    profile = load_profile(args.costs) if args.costs else None
     prompts = load_suite(args.prompts, split=args.split, categories=args.categories, limit=args.limit)
     note = split_note(args.prompts) if args.split else None
     if note:
         print(note, flush=True)
     target = load_model(args.target, dtype=args.dtype, quant=args.quant)
+    if profile is not None:
+        profile.check_target(target.name)
     out = Path(args.out)
     config = BenchConfig(target=args.target, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                          repeats=args.repeats, seed=args.seed, dtype=target.dtype)
     check_run_folder(out, replace(config, prompts=prompts_fingerprint(prompts)))  # before anything is written
     calibration = calibrate_self_auto(target, args, out) if SELF_AUTO in args.draft else None
     specs = [f"self:{calibration.best_layers}" if spec == SELF_AUTO else spec for spec in args.draft]
+    for spec in specs if profile is not None else ():
+        profile.costs(spec)  # every draft priced there, before the cells run
     contenders = [calibrated(spec, load_draft(spec, target, dtype=args.draft_dtype), target) for spec in specs]
     print(f"target {target.name} ({target.dtype}); drafts {', '.join(c.name for c in contenders)}; "
           f"{len(prompts)} prompts x k {args.k}; HF assisted for: "
@@ -77,7 +91,8 @@ def run(args) -> int:
     rows = bench_with_progress(target, contenders, prompts, args.k, config, out, hf_plain=not args.no_hf_generate)
     report = (calibration_text(calibration) if calibration else "") + format_report(rows)
     report += llama_cpp_section(args, target, prompts, out)
-    (out / SUMMARY_MD).write_text(report, encoding="utf-8")
+    report += profile_section(rows, profile) if profile is not None else ""
+    files.write_text(out / SUMMARY_MD, report)
     charts = write_charts(rows, out)
     print(report)
     print(f"wrote {out / 'results.csv'}, {out / 'results.jsonl'}, {out / SUMMARY_MD}, "
@@ -109,9 +124,39 @@ def llama_cpp_section(args, target, prompts, out: Path) -> str:
                 runs.append(llamacpp.LlamaCppRun(spec, k, prompt.id, alone, tok_s, accept))
                 print(f"llama.cpp {spec} k={k} {prompt.id}: {tok_s:.2f} tok/s ({runs[-1].speedup:.2f}x its "
                       f"target alone, {alone:.2f} tok/s)", flush=True)
-    (out / "llama_cpp.json").write_text(json.dumps([asdict(r) for r in runs], indent=1), encoding="utf-8")
+    files.write_text(out / "llama_cpp.json", json.dumps([asdict(r) for r in runs], indent=1))
     return ("\n## llama.cpp on the same GGUF files (its own target alone and speculative decoding)\n\n"
             + llamacpp.markdown(runs) + "\n")
+
+
+def profile_section(rows: list[dict], profile: CostProfile) -> str:
+    """Markdown: per draft and fixed k, the speedup predicted on the profiled machine from the α̂ per position
+    measured here (the cells' counts pooled), next to the speedup predicted and measured here; then the k the
+    advisor picks there, from the cells of the largest fixed k (whose positions reach furthest)."""
+    lines = [f"## On {profile.label} (cost profile {profile.source}, measured {profile.date})", "",
+             "| draft | k | measured here | predicted here | predicted there |", "|---|---|---|---|---|"]
+    advice = []
+    overall = {(s.draft, s.k): s for s in summarise(rows) if s.category == "all"}
+    for draft in sorted({r["draft"] for r in rows} & set(profile.drafts)):
+        costs = profile.costs(draft)
+        ks = sorted({int(r["k"]) for r in rows if r["draft"] == draft and str(r["k"]).isdigit()})
+        there = {k: speedups_by_k(_position_rates(rows, draft, k), costs) for k in ks}
+        for k in ks:
+            here = overall[(draft, str(k))]
+            lines.append(f"| {draft} | {k} | {here.speedup_vs_target_alone:.2f}x | {here.predicted_speedup:.2f}x | "
+                         f"{there[k][k]:.2f}x |")
+        if ks:
+            widest = there[ks[-1]]
+            best = max(range(1, len(widest)), key=lambda k: (widest[k], -k))
+            advice.append(f"- {draft}: use k={best} there (predicted {widest[best]:.2f}x; from the α̂ per position of "
+                          f"the k={ks[-1]} cells)")
+    return "\n" + "\n".join(lines + [""] + advice) + "\n"
+
+
+def _position_rates(rows: list[dict], draft: str, k: int) -> list[float]:
+    """The conditional acceptance per draft position of `draft`'s cells at k, their counts pooled."""
+    counts = sum((row_counts(r) for r in rows if r["draft"] == draft and r["k"] == str(k)), Counts())
+    return Rates.of(counts, k).per_position_acceptance
 
 
 def calibrated(spec: str, draft, target):
@@ -142,7 +187,7 @@ def calibrate_self_auto(target, args, out: Path) -> Calibration:
     calibration = calibrate_layers(target, [encode(p, target.tokenizer) for p in prompts], k=settings["k"],
                                    candidates=args.self_layers, max_new_tokens=settings["max_new_tokens"],
                                    on_layer=print_layer)
-    write_atomically(path, json.dumps({"settings": settings, **calibration.to_dict()}, indent=1))
+    files.write_text(path, json.dumps({"settings": settings, **calibration.to_dict()}, indent=1))
     print(calibration_text(calibration), flush=True)
     return calibration
 

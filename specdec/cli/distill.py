@@ -11,10 +11,11 @@ from pathlib import Path
 
 import torch
 
+from specdec.core import files
 from specdec.core.inputs import check_vocabularies
 from specdec.core.suites import Prompt, available_suites, encode, has_held_out, load_suite, split_note
 from specdec.drafters import DraftSpec, Vocabulary
-from specdec.models import aligned, cache
+from specdec.models import aligned
 from specdec.models.loading import add_model_arguments, load_draft, load_model
 from specdec.training.distill import DIVERGENCES, DistillConfig, DistillReport
 from specdec.training.service import distill_to_folder
@@ -107,7 +108,7 @@ def check_run_folder(out: Path, resume: bool, overwrite: bool) -> None:
         raise ValueError(f"{out} already holds a run ({', '.join(found)}): pass --resume to continue it, "
                          "--overwrite to replace it, or another --out")
     for name in found:
-        cache.remove(out / name)
+        files.remove(out / name)
 
 
 def run(args) -> int:

@@ -1,9 +1,19 @@
 """`python -m specdec profile`: where a round's time goes on this machine.
 
 Prints the verification cost curve v(n) (a target forward over n new tokens, in one-token steps),
-the draft's cost c and the speedup they predict at a few acceptance rates (`specdec.costs.calibration`); with
+each draft's cost c and the speedup they predict at a few acceptance rates (`specdec.costs.calibration`); with
 `--kernels`, the Linear kernels behind them for the target's shapes (float32 F.linear, float32
 rows-first W @ x.T, bfloat16 F.linear) by rows.
+
+Profiles that travel (`specdec.costs.profile`): `--save FILE` writes v(n), c per draft, dtype, device, the
+hardware, the date and the code version as JSON; `generate`, `bench` and the bench's k advisor read it with
+`--costs FILE` and predict the speedup on that machine from the acceptance measured on theirs.
+`--random-weights` builds the target (and model drafts) from the catalogue's shipped architecture with random
+weights (`specdec.models.random_weights`): v(n) and c depend on shapes, not values, so a machine without the
+model files can be profiled:
+
+    python -m specdec profile --target qwen2.5-coder-1.5b-instruct --draft qwen2.5-coder-0.5b-instruct lookup \
+        --random-weights --save gpu.json
 
 Per-forward overhead (any dtype; meant for `--quant int8`, where the GEMMs are fast and the rest of a forward
 counts), instead of the cost curve:
@@ -32,10 +42,13 @@ import torch
 
 from specdec.core.inputs import unwrap
 from specdec.core.limits import K_AUTO_MAX
+from specdec.core.timing import time_median, warm_up
 from specdec.costs.calibration import calibrate
+from specdec.costs.profile import measured_profile, save_profile
+from specdec.drafters import Vocabulary, from_spec
 from specdec.lab import breakdown, levers
-from specdec.lab.measure import time_median, warm_up
 from specdec.models.loading import add_model_arguments, load_draft, load_model
+from specdec.models.random_weights import load_random
 
 ALPHAS = (0.6, 0.8, 0.9)  # acceptance rates the predicted speedup is printed for
 KERNEL_ROWS = (1, 2, 5, 8)  # rows of the kernel table (tokens in one forward)
@@ -45,7 +58,15 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("profile", help="measure v(n), the draft's c and the speedup they predict; "
                                                        "--levers / --breakdown: per-forward overhead")
     add_model_arguments(p)
-    p.add_argument("--draft", help="draft whose cost c to measure (a model, lookup, self:L, MODEL+lookup)")
+    p.add_argument("--draft", nargs="+", default=[],
+                   help="drafts whose cost c to measure (models, lookup, self:L, MODEL+lookup)")
+    p.add_argument("--random-weights", action="store_true",
+                   help="build the target and model drafts from the catalogue's shipped architecture with random "
+                        "weights (v(n) and c depend on shapes, not values): profile a machine without the model "
+                        "files; nothing is written to the model cache")
+    p.add_argument("--save", metavar="FILE",
+                   help="write the cost profile (v(n), c per draft, dtype, device, hardware, date, code version) as "
+                        "JSON, for `generate --costs FILE` and `bench --costs FILE` on another machine")
     p.add_argument("--recalibrate", action="store_true", help="measure again instead of reading the cache")
     p.add_argument("--kernels", action="store_true", help="also time the Linear kernels of the target's shapes")
     p.add_argument("--levers", nargs="?", const=",".join(levers.LEVERS), metavar="LIST",
@@ -64,31 +85,51 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    target = load_model(args.target, dtype=args.dtype, quant=args.quant)
+    if args.save and (args.levers or args.breakdown):
+        raise ValueError("--save writes the cost curve and the drafts' costs: not with --levers or --breakdown")
+    target = (load_random(args.target, dtype="int8" if args.quant == "int8" else args.dtype)
+              if args.random_weights else load_model(args.target, dtype=args.dtype, quant=args.quant))
+    weights = " with random weights" if args.random_weights else ""
     if args.levers or args.breakdown:
-        print(f"{target.name} ({target.dtype}, {torch.get_num_threads()} threads)")
+        print(f"{target.name} ({target.dtype}, {torch.get_num_threads()} threads){weights}")
         if args.levers:
             print_levers(target.model, args.levers.split(","), args.repeats, args.compile_mode)
         if args.breakdown:
             print_breakdowns(target.model, args.forwards)
         return 0
-    draft = load_draft(args.draft, target, dtype=args.draft_dtype) if args.draft else None
-    costs = calibrate(target, draft, recalibrate=args.recalibrate)
-    source = "measured now" if costs.measured_now else "cached; --recalibrate measures again"
-    print(f"{target.name} ({target.dtype}, {torch.get_num_threads()} threads), {source}")
-    print(f"one-token target step: {costs.target.step_s * 1000:.1f} ms")
+    drafts = {spec: _draft(spec, target, args.draft_dtype, args.random_weights) for spec in args.draft}
+    costs = {spec: calibrate(target, draft, recalibrate=args.recalibrate) for spec, draft in drafts.items()}
+    measured = list(costs.values()) or [calibrate(target, None, recalibrate=args.recalibrate)]
+    curve = measured[0].target
+    source = "measured now" if any(c.measured_now for c in measured) else "cached; --recalibrate measures again"
+    print(f"{target.name} ({target.dtype}, {target.device}, {torch.get_num_threads()} threads){weights}, {source}")
+    print(f"one-token target step: {curve.step_s * 1000:.1f} ms")
     print("n new tokens | ms   | v(n)")
-    for n, v in enumerate(costs.target.verify, start=1):
-        print(f"{n:12d} | {v * costs.target.step_s * 1000:6.1f} | {v:.2f}")
-    if draft is not None:
-        print(f"draft {args.draft}: c = {costs.draft_cost:.3f} target steps per draft forward")
+    for n, v in enumerate(curve.verify, start=1):
+        print(f"{n:12d} | {v * curve.step_s * 1000:6.1f} | {v:.2f}")
+    for spec, pair in costs.items():
+        print(f"draft {spec}: c = {pair.draft_cost:.3f} target steps per draft forward")
         print("predicted speedup E/(v(k+1)+k·c):  k = " + " ".join(f"{k:5d}" for k in range(1, K_AUTO_MAX + 1)))
         for alpha in ALPHAS:
-            print(f"  α = {alpha:.1f}" + " " * 26 + " ".join(f"{costs.predicted_speedup(alpha, k):5.2f}"
+            print(f"  α = {alpha:.1f}" + " " * 26 + " ".join(f"{pair.predicted_speedup(alpha, k):5.2f}"
                                                           for k in range(1, K_AUTO_MAX + 1)))
     if args.kernels:
         print_kernels(target)
+    if args.save:
+        profile = measured_profile(target, curve, {spec: pair.draft_cost for spec, pair in costs.items()},
+                                   "random" if args.random_weights else "loaded")
+        save_profile(profile, args.save)
+        print(f"wrote the cost profile of {profile.label} to {args.save}")
     return 0
+
+
+def _draft(spec: str, target, dtype: str, random_weights: bool):
+    """The draft `spec` for `target` in `dtype` (--draft-dtype): loaded as usual, or with random weights (its ids
+    as they are: a draft built without a tokenizer cannot go through the text bridge)."""
+    if not random_weights:
+        return load_draft(spec, target, dtype=dtype)
+    build = lambda name: load_random(name, dtype=dtype, device=target.device, role="draft")  # noqa: E731
+    return from_spec(spec, target, load=build, vocabulary=Vocabulary.AS_IS)
 
 
 def print_levers(model, names: list[str], repeats: int, compile_mode: str) -> None:
@@ -132,7 +173,7 @@ def print_kernels(target) -> None:
     head = model.get_output_embeddings().weight
     up = next(m.weight for m in model.modules() if isinstance(m, torch.nn.Linear) and m.weight.shape[0] > head.shape[1])
     for name, weight in (("MLP", up), ("LM head", head)):
-        w32 = weight.detach().float()
+        w32 = weight.detach().float().cpu()  # the CPU's kernels, wherever the model lives
         w16 = w32.to(torch.bfloat16)
         for rows in KERNEL_ROWS:
             x = torch.randn(rows, w32.shape[1])
@@ -144,4 +185,4 @@ def print_kernels(target) -> None:
 
 def _median_ms(run, repeats: int = 7) -> float:
     warm_up(run)
-    return time_median(run, repeats).seconds * 1000
+    return time_median(run, repeats, "cpu")[1] * 1000

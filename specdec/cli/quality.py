@@ -8,10 +8,10 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from specdec.core.files import write_text
 from specdec.core.suites import SPLITS
 from specdec.lab.quality import (Check, PromptScores, QualityReport, QualityRow, check_targets, measure_quality,
                                  read_prompts)
-from specdec.models.cache import write_text
 from specdec.models.loading import add_model_arguments, load_model, resolve_dtype
 
 NOT_MET = 2  # exit code when a given target is not met

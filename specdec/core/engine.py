@@ -7,12 +7,14 @@ Recipe of `speculative_generate` (Leviathan et al. 2023; Chen et al. 2023):
    n+1 next-token distributions;
 4. `specdec.core.verify` keeps the accepted prefix and adds one target token (correction or bonus);
 5. the caches are rolled back by the rule in `specdec.core.kv` at the next round.
-`autoregressive_generate` is the same loop with a drafter that proposes nothing.
+`autoregressive_generate` is the same loop with a drafter that proposes nothing. `speculative_rounds` is the
+loop itself, a generator: it yields each round as it ends (the time its consumer holds a round is not counted),
+so a page can show them one by one without a thread of its own.
 """
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Callable, Generator
 
 import torch
 
@@ -22,6 +24,7 @@ from specdec.core.inputs import prepare_prompt, resolve_eos, unwrap
 from specdec.core.kv import CachedLM
 from specdec.core.limits import K_MAX, Budget
 from specdec.core.schedule import AdaptiveK, FixedK
+from specdec.core.timing import clock
 from specdec.core.trace import DecodeStats, GenerationResult, Round
 from specdec.core.verify import Verdict, verify_greedy, verify_sampling
 
@@ -29,6 +32,7 @@ TOP_KEPT = 2  # target logits kept per verification row (enough to explain a gre
 PREFILL_CHUNK = 256  # prompt tokens per prefill forward: a request's deadline is checked between chunks
 
 OnRound = Callable[[Round], "bool | None"]  # return False to stop after this round
+Rounds = Generator[Round, "bool | None", GenerationResult]  # yields each round; send(False) stops; returns the result
 
 
 def speculative_generate(
@@ -62,13 +66,38 @@ def speculative_generate(
     False stops the generation. budget: the request's prompt-token cap and deadline, checked before and during
     the prefill (a BudgetExceeded); the rounds stop through on_round.
     """
+    return run_rounds(speculative_rounds(target, draft, input_ids, k=k, max_new_tokens=max_new_tokens,
+                                         temperature=temperature, top_p=top_p, seed=seed, eos_token_id=eos_token_id,
+                                         tokenizer=tokenizer, costs=costs, budget=budget), on_round)
+
+
+def speculative_rounds(
+    target,
+    draft,
+    input_ids,
+    *,
+    k: int | str = 4,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    eos_token_id: int | list[int] | None = None,
+    tokenizer=None,
+    costs: CostModel | None = None,
+    budget: Budget = Budget(),
+) -> Rounds:
+    """`speculative_generate` one round at a time: a generator that yields each Round as it ends and returns the
+    GenerationResult (`run_rounds` drives it; StopIteration.value). Sending False stops after the round just
+    yielded (result.stopped_early = True); the time from a yield to the next resume is not counted. Bad
+    arguments raise here, a bad prompt at the first round.
+    """
     schedule = AdaptiveK(costs) if k == "auto" else FixedK(k)
     if k != "auto" and (not isinstance(k, int) or not 1 <= k <= K_MAX):
         raise ValueError(f"k must be an integer in 1..{K_MAX} or 'auto', got {k!r}")
     target_model, tokenizer = unwrap(target, tokenizer)
     drafter = as_drafter(draft, target_model)
     return _generate(target_model, drafter, input_ids, schedule, max_new_tokens, temperature, top_p, seed,
-                     eos_token_id, on_round, tokenizer, costs, budget)
+                     eos_token_id, tokenizer, costs, budget)
 
 
 def autoregressive_generate(
@@ -86,38 +115,47 @@ def autoregressive_generate(
 ) -> GenerationResult:
     """The target alone, one token per forward, with the same KV cache and sampling code."""
     target_model, tokenizer = unwrap(target, tokenizer)
-    return _generate(target_model, NoDraft(), input_ids, FixedK(0), max_new_tokens, temperature, top_p, seed,
-                     eos_token_id, on_round, tokenizer, None, budget)
+    return run_rounds(_generate(target_model, NoDraft(), input_ids, FixedK(0), max_new_tokens, temperature, top_p,
+                                seed, eos_token_id, tokenizer, None, budget), on_round)
+
+
+def run_rounds(rounds: Rounds, on_round: OnRound | None = None) -> GenerationResult:
+    """Drive `rounds` to its end, calling on_round(round) after each one (False stops); returns the result."""
+    try:
+        round_ = next(rounds)
+        while True:
+            round_ = rounds.send(None if on_round is None else on_round(round_))
+    except StopIteration as end:
+        return end.value
 
 
 def _generate(target_model, drafter, input_ids, schedule, max_new_tokens, temperature, top_p, seed,
-              eos_token_id, on_round, tokenizer, costs, budget) -> GenerationResult:
+              eos_token_id, tokenizer, costs, budget) -> Rounds:
     prompt = prepare_prompt(input_ids, target_model, tokenizer, max_new_tokens, schedule.k_max)
     budget.check_prompt(len(prompt))
     policy = _policy(target_model, temperature, top_p, seed)
     eos = resolve_eos(target_model, eos_token_id)
     verifier = CachedLM(target_model)
-    start = time.perf_counter()
+    start = clock(verifier.device)
     prefill_time = _prefill(drafter, prompt, budget) + _prefill(verifier, prompt, budget)
     emitted: list[int] = []
     rounds: list[Round] = []
     stopped_early = False
-    callback_s = 0.0  # time spent in on_round (page rendering): never part of the measurement
+    callback_s = 0.0  # time the consumer held a round (on_round, page rendering): never part of the measurement
     while len(emitted) < max_new_tokens and not (emitted and emitted[-1] in eos):
         n = min(schedule.next_k(), max_new_tokens - len(emitted) - 1)  # leave room for the target's token
         round_ = _round(verifier, drafter, prompt + emitted, n, policy, eos)
         schedule.observe(round_)
         rounds.append(round_)
         emitted.extend(round_.emitted_token_ids)
-        if on_round is not None:
-            called = time.perf_counter()
-            stopped_early = on_round(round_) is False
-            callback_s += time.perf_counter() - called
-            if stopped_early:
-                break
+        paused = time.perf_counter()
+        stopped_early = (yield round_) is False
+        callback_s += time.perf_counter() - paused
+        if stopped_early:
+            break
     stats = DecodeStats.from_rounds(
         rounds, schedule.reported_k(rounds), costs, prefill_time_s=prefill_time,
-        wall_time_s=time.perf_counter() - start - callback_s, target_forwards=verifier.forwards,
+        wall_time_s=clock(verifier.device) - start - callback_s, target_forwards=verifier.forwards,
         draft_forwards=drafter.forwards)
     text = tokenizer.decode(emitted, skip_special_tokens=True) if tokenizer is not None else None
     return GenerationResult(emitted, rounds, stats, text, stopped_early)
@@ -135,7 +173,7 @@ def _prefill(reader, prompt: list[int], budget: Budget) -> float:
 
 def _round(verifier: CachedLM, drafter: Drafter, context: list[int], n: int,
            policy: SamplingPolicy, eos: set[int]) -> Round:
-    start = time.perf_counter()
+    start = clock(verifier.device)
     proposal = drafter.propose(context, n, policy) if n > 0 else Proposal([], None)
     drafts = proposal.token_ids
     # target_logits: [len(drafts)+1, V], row i = next-token logits after context + drafts[:i]
@@ -163,7 +201,7 @@ def _round(verifier: CachedLM, drafter: Drafter, context: list[int], n: int,
         target_top_logits=top.values.tolist(),
         draft_source=proposal.source if drafts else "",
         uniforms=list(verdict.uniforms),
-        wall_time_s=time.perf_counter() - start,
+        wall_time_s=clock(verifier.device) - start,
     )
 
 

@@ -1,12 +1,15 @@
-"""What a measurement ran on: CPU model and vector features, threads, GPU, torch. One description, used by every
-cache key and every report that says where a number comes from."""
+"""What a measurement ran on: CPU model and vector features, threads, GPU, torch, and the code that measured it.
+One description, used by every cache key and every report that says where a number comes from."""
 from __future__ import annotations
 
 import functools
 import platform
+import subprocess
 from pathlib import Path
 
 import torch
+
+REPOSITORY = Path(__file__).resolve().parents[2]  # the checkout this package runs from (its code version)
 
 VECTOR_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16",
                 "amx_tile", "amx_bf16", "amx_int8", "neon", "asimd", "sve")  # the flags reports show
@@ -54,3 +57,22 @@ def summary(device: str = "cpu") -> str:
     line = f"{cpu()['model']} ({', '.join(vector_features()) or 'no listed vector features'}), " \
            f"{torch.get_num_threads()} threads"
     return f"{gpu(device)} on {line}" if device != "cpu" and gpu(device) else line
+
+
+def label(description: dict) -> str:
+    """One line naming a `describe()` result (read back from a file, say): its GPU when it has one, else its CPU
+    and threads."""
+    if description.get("gpu"):
+        return str(description["gpu"])
+    return f"{description.get('cpu', 'unknown CPU')}, {description.get('threads', '?')} threads"
+
+
+@functools.cache
+def code_version() -> str:
+    """The git commit this package runs from (`-dirty` with uncommitted changes), or "unknown" outside a checkout."""
+    try:
+        done = subprocess.run(["git", "-C", str(REPOSITORY), "describe", "--always", "--dirty", "--abbrev=12"],
+                              capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else "unknown"

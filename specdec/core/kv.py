@@ -17,11 +17,10 @@ Which cache class holds the keys/values is a flag on the model, `CACHE_CLASS_FLA
 """
 from __future__ import annotations
 
-import time
-
 import torch
 from transformers import DynamicCache
 
+from specdec.core.timing import Timer
 
 CACHE_CLASS_FLAG = "specdec_cache_class"  # model attribute: the DynamicCache (sub)class CachedLM keeps
 
@@ -70,15 +69,18 @@ class CachedLM:
 
     @torch.inference_mode()
     def forward(self, new_ids: list[int], logits_to_keep: int = 1) -> tuple[torch.Tensor, float]:
-        """Feed `new_ids` after the cached prefix. Returns (logits [logits_to_keep, V] fp32, seconds)."""
+        """Feed `new_ids` after the cached prefix. Returns (logits [logits_to_keep, V] fp32 on the CPU, seconds).
+
+        The logits come to the CPU, where verification and sampling run with the engine's one CPU generator (on
+        a GPU too: one code path); the seconds are the forward's run time and that copy (`specdec.core.timing.Timer`:
+        the device synchronised at both ends)."""
         if not new_ids:
             raise ValueError("forward needs at least one new token")
         ids = torch.tensor([new_ids], dtype=torch.long, device=self.device)  # [1, S]
-        start = time.perf_counter()
-        out = self.model(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=logits_to_keep)
-        logits = out.logits[0].float()  # [logits_to_keep, V]
-        elapsed = time.perf_counter() - start
+        with Timer(self.device) as timer:
+            out = self.model(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=logits_to_keep)
+            logits = out.logits[0].float().cpu()  # [logits_to_keep, V]
         self.token_ids.extend(new_ids)
         self.tokens_fed += len(new_ids)
         self.forwards += 1
-        return logits, elapsed
+        return logits, timer.seconds

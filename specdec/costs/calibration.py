@@ -6,7 +6,7 @@ tokens costs v(n) one-token steps, with v(1) = 1 and v(n) growing with n (how fa
 dtype's kernels). `calibrate` measures, for the loaded pair, dtype and thread count,
 
 - v(n) = median time of a target forward over n new tokens / median time of a one-token step,
-  for n = 1..n_max, after a CONTEXT_TOKENS-token context, the sizes interleaved and repeated;
+  for n = 1..n_max, after a 64-token context (`specdec.core.forwards`), the sizes interleaved and repeated;
 - c = median time of one draft forward / the target's one-token step (Leviathan's c);
 
 and `CostModel.predicted_speedup(alpha, k)` = E[tokens per round] / (v(k+1) + k*c)
@@ -16,27 +16,27 @@ machine; `recalibrate=True` measures again.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
-import os
 import platform
 import statistics
-import time
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
+from specdec.core import files
 from specdec.core.costmodel import CostModel, TargetCosts
 from specdec.core.drafter import Drafter, NoDraft, SamplingPolicy, as_drafter
+from specdec.core.forwards import forward_seconds, primed_cache, timing_context
 from specdec.core.inputs import unwrap, vocab_size
-from specdec.core.kv import CachedLM
 from specdec.core.limits import K_AUTO_MAX, Budget
+from specdec.core.timing import interleaved, medians
 from specdec.models import cache
 from specdec.models.quant import is_quantized
 from specdec.models.speed import set_rows_first
 
-CONTEXT_TOKENS = 64  # tokens in the cache before each timed forward (a short prompt plus some output)
 REPEATS = 3  # timed forwards per size; the median is kept
 N_MAX = K_AUTO_MAX + 1  # largest verification size calibrated: k_max drafts plus the target's own token
 MEASURING = "measuring what verification and drafting cost on this machine"  # what a BudgetExceeded says
@@ -93,22 +93,20 @@ def measure_verification(model: torch.nn.Module, n_max: int, repeats: int,
     A float32 model with rows-first Linears (`specdec.models.speed`) is timed both ways at every size, in
     alternation; each size keeps the faster product, and v(n) is that one's time.
     """
-    lm = CachedLM(model)
-    base = _context(model, CONTEXT_TOKENS)
-    lm.prefill(base + [base[0]])  # the cache holds `base`
-    _time_forward(lm, base, 1)  # warm-up: first-call allocations and kernel choice
+    lm, base = primed_cache(model)
+    forward_seconds(lm, base, 1)  # warm-up: first-call allocations and kernel choice
     modes = (False, True) if set_rows_first(model, ()) else (False,)  # (plain F.linear, rows-first)
-    seconds: dict[tuple[int, bool], list[float]] = {(n, m): [] for n in range(1, n_max + 1) for m in modes}
-    for repeat in range(repeats):
-        order = list(range(1, n_max + 1))
-        for n in order[repeat % n_max:] + order[:repeat % n_max]:  # rotate, so drift spreads over sizes
-            for mode in modes:
-                budget.check(MEASURING)
-                set_rows_first(model, range(2, n_max + 1) if mode else ())
-                seconds[(n, mode)].append(_time_forward(lm, base, n))
-    best = {n: min(modes, key=lambda m: statistics.median(seconds[(n, m)])) for n in range(1, n_max + 1)}
-    medians = [statistics.median(seconds[(n, best[n])]) for n in range(1, n_max + 1)]
-    return medians[0], [m / medians[0] for m in medians], [n for n in range(2, n_max + 1) if best[n]]
+
+    def forward(n: int, rows_first: bool) -> float:
+        budget.check(MEASURING)
+        set_rows_first(model, range(2, n_max + 1) if rows_first else ())
+        return forward_seconds(lm, base, n)
+
+    sizes = range(1, n_max + 1)
+    seconds = medians(interleaved({(n, m): functools.partial(forward, n, m) for n in sizes for m in modes}, repeats))
+    best = {n: min(modes, key=lambda m: seconds[(n, m)]) for n in sizes}
+    step_s = seconds[(1, best[1])]
+    return step_s, [seconds[(n, best[n])] / step_s for n in sizes], [n for n in sizes if n > 1 and best[n]]
 
 
 def measure_draft_step(target_model: torch.nn.Module, drafter: Drafter, repeats: int,
@@ -116,7 +114,7 @@ def measure_draft_step(target_model: torch.nn.Module, drafter: Drafter, repeats:
     """Median seconds per draft forward of a one-token proposal (a model-free drafter: per proposal).
 
     The context repeats no token, so a hybrid's prompt lookup finds nothing and its model drafts."""
-    context = _context(target_model, CONTEXT_TOKENS)
+    context = timing_context(target_model)
     policy = SamplingPolicy(0.0, 1.0, torch.Generator(), vocab_size(target_model))
     drafter.prefill(context)
     drafter.propose(context, 1, policy)  # warm-up
@@ -126,21 +124,6 @@ def measure_draft_step(target_model: torch.nn.Module, drafter: Drafter, repeats:
         proposal = drafter.propose(context, 1, policy)
         per_forward.append(proposal.time_s / max(proposal.forwards, 1))
     return statistics.median(per_forward)
-
-
-def _time_forward(lm: CachedLM, base: list[int], n: int) -> float:
-    """Seconds of one forward over n new tokens after `base` (the cache is rolled back to `base` first)."""
-    cached_next = lm.token_ids[len(base):len(base) + 1]
-    first = 2 if cached_next == [1] else 1  # differs from what is cached, so the rollback keeps exactly `base`
-    feed = lm.pending(base + [first] + [3] * (n - 1))  # [n] new tokens
-    return lm.forward(feed, logits_to_keep=n)[1]
-
-
-def _context(model: torch.nn.Module, length: int) -> list[int]:
-    """A deterministic context of distinct tokens (given length + 10 rows or more: the stride 7919 is prime);
-    timing does not depend on which ids."""
-    rows = vocab_size(model)
-    return [(7 + 7919 * i) % (rows - 10) + 5 for i in range(length)]
 
 
 def _identity(model_or_loaded) -> str:
@@ -180,8 +163,4 @@ def _cached(folder: Path, key: str, recalibrate: bool) -> dict | None:
 
 
 def _store(folder: Path, key: str, data: dict) -> None:
-    """Write atomically: a temporary file renamed into place."""
-    folder.mkdir(parents=True, exist_ok=True)
-    temporary = folder / f".{key}.{os.getpid()}.{time.monotonic_ns()}.tmp"
-    temporary.write_text(json.dumps(data))
-    os.replace(temporary, folder / f"{key}.json")
+    files.write_text(folder / f"{key}.json", json.dumps(data))

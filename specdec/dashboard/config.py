@@ -14,7 +14,7 @@ Every knob a host needs (a laptop, a free CPU Hugging Face Space) is an environm
 | SPECDEC_TIME_LIMIT_S | time_limit_s | 120 |
 | SPECDEC_CONCURRENCY | concurrency | 1 |
 | SPECDEC_QUEUE_SIZE | queue_size | 16 |
-| SPECDEC_DTYPE | dtype | auto (bfloat16 with native bf16 kernels, else float32); int8: the integer path |
+| SPECDEC_DTYPE | dtype | auto (the target's and each draft's format measured on this machine); or one format for all |
 | SPECDEC_TARGET / SPECDEC_DRAFT | default_target / default_draft | the catalogue's default pair |
 | SPECDEC_UNALIGNED | default_unaligned | the catalogue's first unaligned draft |
 | SPECDEC_ALLOW_TRAINING | allow_training | 1 where the app is private, else 0 (preparing, distilling aligned drafts) |

@@ -11,7 +11,7 @@ import inspect
 
 import gradio as gr
 
-from specdec.core.engine import autoregressive_generate, speculative_generate
+from specdec.core.engine import autoregressive_generate, run_rounds
 from specdec.core.limits import Budget
 from specdec.core.trace import GenerationResult
 from specdec.costs.waterfall import Step
@@ -68,9 +68,7 @@ def speculate(hub: ModelHub, target, draft, prompt, k, max_new_tokens, temperatu
 def run_speculative(target_model, draft_model, request: DecodeRequest, on_round=None, costs=None,
                     budget: Budget = Budget()) -> GenerationResult:
     """The engine's speculative decode of `request` with a loaded pair, within the request's `budget`."""
-    return speculative_generate(target_model, draft_model, request.prompt, k=request.k,
-                                max_new_tokens=request.max_new_tokens, temperature=request.temperature,
-                                top_p=request.top_p, seed=request.seed, on_round=on_round, costs=costs, budget=budget)
+    return run_rounds(request.rounds(target_model, draft_model, costs, budget), on_round)
 
 
 def run_baseline(target_model, request: DecodeRequest, new_tokens: int, token: StopToken) -> GenerationResult:

@@ -1,22 +1,23 @@
 """Running the engine for the dashboard: request checks, a stop handle per session, streamed rounds.
 
-The engine calls `on_round` after every round; the decode runs in a worker thread whose rounds
-reach the (generator) handler through a queue, so the page updates while the target verifies.
-Stop sets the session's `StopToken`, and so does the request's `Budget` once its time limit passes; `on_round`
-then returns False and the engine ends cleanly after the current round (result.stopped_early = True). Work
-before the first round (loading, calibration, prefill) checks the same budget and stops with a BudgetExceeded.
-The worker hands any error (BaseException included) to the consumer, so a slot is always released.
+The decode is the engine's own generator (`DecodeRequest.rounds`, `specdec.core.engine.speculative_rounds`),
+resumed by the (generator) handler in its own thread: `stream` yields the rounds so far between two rounds, so
+the page updates while nothing else runs, and the engine leaves that time out of its measurement. Stop sets the
+session's `StopToken`, and so does the request's `Budget` once its time limit passes; the next round is then
+sent False and the engine ends cleanly after the current round (result.stopped_early = True). Work before the
+first round (loading, calibration, prefill) checks the same budget and stops with a BudgetExceeded. An error,
+or a consumer that goes away, closes the decode where it paused, so a slot is always released.
 """
 from __future__ import annotations
 
+import contextlib
 import math
-import queue
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from specdec.core.costmodel import CostModel
+from specdec.core.engine import Rounds, speculative_rounds
 from specdec.core.limits import Budget
 from specdec.core.schedule import mean_draft_length
 from specdec.core.trace import DecodeStats, GenerationResult, Round
@@ -67,6 +68,12 @@ class DecodeRequest:
         if self.seed is not None and not 0 <= self.seed <= SEED_MAX:
             raise ValueError(f"seed must be an integer in 0..{SEED_MAX} (2**53), got {self.seed}")
         return self
+
+    def rounds(self, target_model, draft_model, costs: CostModel | None = None, budget: Budget = Budget()) -> Rounds:
+        """This decode as the engine's generator of rounds, not started yet (`speculative_rounds`), within `budget`."""
+        return speculative_rounds(target_model, draft_model, self.prompt, k=self.k, max_new_tokens=self.max_new_tokens,
+                                  temperature=self.temperature, top_p=self.top_p, seed=self.seed, costs=costs,
+                                  budget=budget)
 
     @classmethod
     def from_inputs(cls, target, draft, prompt, k, max_new_tokens, temperature=0.0, top_p=1.0, seed=0):
@@ -120,44 +127,27 @@ class RunControl:
         self.stopped_while_waiting = self.waiting
 
 
-def stream(decode: Callable[[Callable[[Round], bool]], GenerationResult], token: StopToken,
+def stream(rounds: Rounds, token: StopToken,
            interval_s: float = UPDATE_INTERVAL_S) -> Iterator[list[Round] | GenerationResult]:
-    """Run `decode(on_round)` in a worker thread; yield the rounds so far (batched), then the result.
+    """Run the decode `rounds` here; yield the rounds so far (at most one update per interval_s), then the result.
 
-    An engine error is re-raised here. If the consumer stops iterating, the decode is told to stop.
+    Each round is followed by `token.running()` (False: the engine stops after it). An engine error is raised
+    here; a consumer that stops iterating closes the decode where it paused.
     """
-    events: queue.Queue = queue.Queue()
-
-    def on_round(round_: Round) -> bool:
-        events.put(round_)
-        return token.running()
-
-    def work() -> None:
-        try:
-            events.put(decode(on_round))
-        except BaseException as error:  # noqa: BLE001 - handed to the consumer thread, which re-raises it
-            events.put(error)
-
-    threading.Thread(target=work, daemon=True, name="specdec-decode").start()
-    rounds: list[Round] = []
+    seen: list[Round] = []
     last_update = 0.0
-    finished = False
-    try:
-        while True:
-            item = events.get()
-            if isinstance(item, BaseException):
-                raise item
-            if isinstance(item, GenerationResult):
-                finished = True  # the token stays usable: the baseline that follows reads it too
-                yield item
-                return
-            rounds.append(item)
-            if time.perf_counter() - last_update >= interval_s:
-                last_update = time.perf_counter()
-                yield list(rounds)
-    finally:
-        if not finished:  # consumer gone or an error: the worker ends after its round
-            token.stopped = True
+    with contextlib.closing(rounds):
+        try:
+            round_ = next(rounds)
+            while True:
+                seen.append(round_)
+                if time.perf_counter() - last_update >= interval_s:
+                    last_update = time.perf_counter()
+                    yield list(seen)
+                round_ = rounds.send(token.running())
+        except StopIteration as end:
+            result = end.value
+    yield result
 
 
 def partial_result(rounds: list[Round], k: int | str, costs: CostModel | None = None) -> GenerationResult:

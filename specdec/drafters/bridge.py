@@ -15,13 +15,12 @@ Pass either as the `draft` of `specdec.speculative_generate`, or name it through
 """
 from __future__ import annotations
 
-import time
-
 import torch
 
 from specdec.core.drafter import ModelDrafter, Proposal, SamplingPolicy
 from specdec.core.inputs import unwrap, vocab_size
 from specdec.core.kv import CachedLM
+from specdec.core.timing import Timer
 from specdec.drafters.tokenizers import decode_text
 
 EXTRA_DRAFT_TOKENS = 2  # draft tokens generated beyond n per round, so the n-th target token is complete
@@ -64,23 +63,23 @@ class TextBridgeDrafter:
         return self.lm.prefill(self._draft_context(prompt_ids))
 
     def propose(self, context_ids: list[int], n: int, policy: SamplingPolicy) -> Proposal:
-        start = time.perf_counter()  # time_s includes the (re-)tokenisation, not just the forwards
-        draft_context = self._draft_context(context_ids)
-        feed = self.lm.pending(draft_context)
-        continuation, ended = [], False
-        proposal: list[int] = []
-        while not ended and len(proposal) < n and len(continuation) < n + EXTRA_DRAFT_TOKENS:
-            logits, _ = self.lm.forward(feed)
-            token = int(logits[-1, :self.draft_vocab].argmax())
-            continuation.append(token)
-            ended = token in self.draft_eos
-            text = _text_after(self.draft_tokenizer, draft_context[-ANCHOR_TOKENS:], continuation)
-            if not ended:
-                text = text.rstrip("\ufffd")  # a character whose bytes are not all drafted yet
-            target_ids = _tokens_after(self.target_tokenizer, context_ids[-ANCHOR_TOKENS:], text)
-            proposal = target_ids if ended else target_ids[:-1]  # the last one may be a word cut short
-            feed = [token]
-        return Proposal(proposal[:n], None, time.perf_counter() - start, len(continuation))
+        with Timer(self.lm.device) as timer:  # time_s includes the (re-)tokenisation, not just the forwards
+            draft_context = self._draft_context(context_ids)
+            feed = self.lm.pending(draft_context)
+            continuation, ended = [], False
+            proposal: list[int] = []
+            while not ended and len(proposal) < n and len(continuation) < n + EXTRA_DRAFT_TOKENS:
+                logits, _ = self.lm.forward(feed)
+                token = int(logits[-1, :self.draft_vocab].argmax())
+                continuation.append(token)
+                ended = token in self.draft_eos
+                text = _text_after(self.draft_tokenizer, draft_context[-ANCHOR_TOKENS:], continuation)
+                if not ended:
+                    text = text.rstrip("\ufffd")  # a character whose bytes are not all drafted yet
+                target_ids = _tokens_after(self.target_tokenizer, context_ids[-ANCHOR_TOKENS:], text)
+                proposal = target_ids if ended else target_ids[:-1]  # the last one may be a word cut short
+                feed = [token]
+        return Proposal(proposal[:n], None, timer.seconds, len(continuation))
 
     def _draft_context(self, context_ids: list[int]) -> list[int]:
         """The draft tokenization of the decoded target context."""

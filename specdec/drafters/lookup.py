@@ -8,11 +8,10 @@ greedy output is still the target's, and sampling stays lossless (accept with p_
 """
 from __future__ import annotations
 
-import time
-
 import torch
 
 from specdec.core.drafter import Proposal, SamplingPolicy
+from specdec.core.timing import Timer
 
 
 def find_continuation(context_ids: list[int], n: int, max_ngram: int, min_ngram: int) -> list[int]:
@@ -58,6 +57,6 @@ class PromptLookupDraft:
         return 0.0
 
     def propose(self, context_ids: list[int], n: int, policy: SamplingPolicy) -> Proposal:
-        start = time.perf_counter()
-        tokens = find_continuation(context_ids, n, self.max_ngram, self.min_ngram)
-        return Proposal(tokens, None, time.perf_counter() - start, 0, source="lookup")
+        with Timer() as timer:  # on the CPU: no device work to wait for
+            tokens = find_continuation(context_ids, n, self.max_ngram, self.min_ngram)
+        return Proposal(tokens, None, timer.seconds, 0, source="lookup")

@@ -32,9 +32,9 @@ from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 from transformers.pytorch_utils import Conv1D
 
+from specdec.core.forwards import forward_seconds, primed_cache
 from specdec.core.kv import CachedLM
-from specdec.costs.calibration import CONTEXT_TOKENS, _context, _time_forward
-from specdec.lab.measure import time_median, warm_up
+from specdec.core.timing import time_median, warm_up
 from specdec.models.quant import Int8Linear, Int8Slice
 
 GROUPS = ("GEMM", "linear overhead", "attention", "norms/rotary/elementwise", "cache ops", "other")
@@ -64,12 +64,10 @@ class Breakdown:
 
 def profile_forwards(model: torch.nn.Module, new_tokens: int, forwards: int) -> Breakdown:
     """Profile `forwards` forwards over `new_tokens` new tokens after CONTEXT_TOKENS cached ones."""
-    lm = CachedLM(model)
-    base = _context(model, CONTEXT_TOKENS)
-    lm.prefill(base + [base[0]])
-    _time_forward(lm, base, new_tokens)  # warm-up: first-call allocations
+    lm, base = primed_cache(model)
+    forward_seconds(lm, base, new_tokens)  # warm-up: first-call allocations
     with _labelled(model, lm), profile(activities=[ProfilerActivity.CPU]) as profiler:
-        wall_s = sum(_time_forward(lm, base, new_tokens) for _ in range(forwards))
+        wall_s = sum(forward_seconds(lm, base, new_tokens) for _ in range(forwards))
     return _grouped(profiler.events(), forwards, wall_s)
 
 
@@ -155,7 +153,7 @@ def read_bandwidth(n_bytes: int, repeats: int = 5) -> float:
     """Bytes per second this machine reads from memory: the median time to sum a float32 buffer of `n_bytes`."""
     buffer = torch.ones(max(n_bytes // 4, 1))  # [n_bytes / 4]
     warm_up(buffer.sum)
-    return buffer.numel() * 4 / time_median(buffer.sum, repeats).seconds
+    return buffer.numel() * 4 / time_median(buffer.sum, repeats, buffer.device)[1]
 
 
 def print_breakdown(title: str, breakdown: Breakdown) -> None:

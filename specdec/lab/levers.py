@@ -19,8 +19,8 @@ Off by default everywhere: nothing here runs unless a lever is entered (`with LE
 from __future__ import annotations
 
 import contextlib
+import functools
 import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Callable, ContextManager
 
@@ -29,8 +29,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from specdec.core.engine import autoregressive_generate
+from specdec.core.forwards import forward_seconds, primed_cache, timing_context
 from specdec.core.kv import CACHE_CLASS_FLAG, CachedLM, common_prefix_length
-from specdec.costs.calibration import CONTEXT_TOKENS, _context, _time_forward
+from specdec.core.timing import Timer, interleaved
 from specdec.models import quant
 
 VERIFY_TOKENS = 5  # new tokens of the timed verification forward, v(5)
@@ -209,6 +210,7 @@ class LeverRow:
     warmup_s: float  # the greedy check and WARMUP_ROUNDS untimed step/verification pairs (compilation included)
     identity: str  # "identical", or "differs at token i" (greedy target-alone tokens against no lever)
     lm: CachedLM = field(repr=False)  # this lever's cache, holding the context
+    base: list[int] = field(repr=False)  # that context (`specdec.core.forwards.primed_cache`)
     step: list[float] = field(default_factory=list)  # seconds of each one-token step
     verify: list[float] = field(default_factory=list)  # seconds of each VERIFY_TOKENS-token forward
 
@@ -228,39 +230,39 @@ def compare_levers(model: torch.nn.Module, names, repeats: int,
 
     Returns (rows, none first; one line per lever that could not run, with the reason)."""
     arms = {NO_LEVER: contextlib.nullcontext, **{name: lever_table[name] for name in names}}
-    base = _context(model, CONTEXT_TOKENS)
     reference = _greedy(model)
     rows, failures = [], []
     for name, lever in arms.items():
         try:
-            rows.append(_prepare(model, name, lever, base, reference))
+            rows.append(_prepare(model, name, lever, reference))
         except Exception as error:  # a lever this machine cannot run (a compiler missing, an op not traceable)
             failures.append(f"{name}: not measured ({type(error).__name__}: {_first_line(error)})")
-    for _ in range(repeats):
-        for row in rows:
-            with arms[row.name](model):
-                row.step.append(_time_forward(row.lm, base, 1))
-                row.verify.append(_time_forward(row.lm, base, VERIFY_TOKENS))
+
+    def forward(row: LeverRow, new_tokens: int) -> float:
+        with arms[row.name](model):
+            return forward_seconds(row.lm, row.base, new_tokens)
+
+    seconds = interleaved({(row.name, n): functools.partial(forward, row, n) for row in rows
+                           for n in (1, VERIFY_TOKENS)}, repeats)
+    for row in rows:
+        row.step, row.verify = seconds[(row.name, 1)], seconds[(row.name, VERIFY_TOKENS)]
     return rows, failures
 
 
-def _prepare(model, name: str, lever: Callable, base: list[int], reference: list[int]) -> LeverRow:
-    """The lever's cache holding `base`, its warm-up time and its output check."""
-    with lever(model):
-        start = time.perf_counter()
+def _prepare(model, name: str, lever: Callable, reference: list[int]) -> LeverRow:
+    """The lever's cache holding the timing context, its warm-up time and its output check."""
+    with lever(model), Timer(model.device) as warm_up:
         tokens = _greedy(model)
-        lm = CachedLM(model)
-        lm.prefill(base + [base[0]])
+        lm, base = primed_cache(model)
         for _ in range(WARMUP_ROUNDS):
-            _time_forward(lm, base, 1)
-            _time_forward(lm, base, VERIFY_TOKENS)
-        warmup_s = time.perf_counter() - start
-    return LeverRow(name, warmup_s, identity(tokens, reference), lm)
+            forward_seconds(lm, base, 1)
+            forward_seconds(lm, base, VERIFY_TOKENS)
+    return LeverRow(name, warm_up.seconds, identity(tokens, reference), lm, base)
 
 
 def _greedy(model: torch.nn.Module) -> list[int]:
     """IDENTITY_TOKENS greedy tokens of the model alone after a fixed prompt."""
-    prompt = _context(model, PROMPT_TOKENS)
+    prompt = timing_context(model, PROMPT_TOKENS)
     return autoregressive_generate(model, prompt, max_new_tokens=IDENTITY_TOKENS, eos_token_id=[]).token_ids
 
 

@@ -1,7 +1,8 @@
 """Drafts measured against the target alone: one harness, and the self-speculation calibration built on it.
 
-`warm_up` and `time_median` are the timing core every measurement shares (`DraftTrials` here, the bench's
-cells in `specdec.lab.bench.run`): untimed first calls, then a generation timed `repeats` times, median.
+`time_generation` times a generation the way every measurement does (`DraftTrials` here, the bench's cells in
+`specdec.lab.bench.run`): after untimed first calls (`specdec.core.timing.warm_up`), `repeats` runs through
+`specdec.core.timing.time_median` (the device synchronised around each), the first output and the median kept.
 `DraftTrials` runs drafts on fixed prompts, greedy, against a target-alone baseline measured once
 after a warm-up. `calibrate_layers` picks the L of self-speculation (`specdec.drafters.selfspec`) by
 Leviathan's bound (Leviathan et al. 2023) measured on a few prompts; `recommend_fallback` compares
@@ -9,14 +10,15 @@ the best L with prompt lookup for the acceptance probe.
 """
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import asdict, dataclass
 from typing import Callable
+
+import torch
 
 from specdec.core.drafter import Drafter
 from specdec.core.engine import autoregressive_generate, speculative_generate
 from specdec.core.inputs import unwrap
+from specdec.core.timing import time_median, warm_up
 from specdec.core.trace import pooled_stats, ratio
 from specdec.drafters.lookup import PromptLookupDraft
 from specdec.drafters.selfspec import SelfSpeculativeDraft, decoder_layers
@@ -41,24 +43,9 @@ class Timed:
         return ratio(len(self.token_ids), self.seconds)
 
 
-def warm_up(*generations: Callable[[], object]) -> None:
-    """Call each once, untimed, so first-call allocations and kernel choice never land in a measurement."""
-    for generate in generations:
-        generate()
-
-
-def time_median(generate: Callable[[], object], repeats: int) -> Timed:
-    """Run `generate` `repeats` times (at least once); keep the first output and the median wall time."""
-    output, first_s = _timed(generate)
-    seconds = [first_s] + [_timed(generate)[1] for _ in range(repeats - 1)]
-    return Timed(output, statistics.median(seconds))
-
-
-def _timed(generate: Callable[[], object]) -> tuple[object, float]:
-    """`generate()`'s output and its wall time in seconds."""
-    start = time.perf_counter()
-    output = generate()
-    return output, time.perf_counter() - start
+def time_generation(generate: Callable[[], object], repeats: int, device: torch.device | str | None) -> Timed:
+    """Run `generate` `repeats` times (at least once) on a model on `device`: its first output, the median seconds."""
+    return Timed(*time_median(generate, repeats, device))
 
 
 @dataclass

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+from specdec.core import files
 from specdec.core.inputs import vocab_size
 from specdec.core.suites import ALL, encode, load_suite
 from specdec.core.trace import measured_speedup, pooled_stats
@@ -126,15 +127,15 @@ def run_recipe(target, other, same_draft: str, settings: RecipeSettings, folder:
             say(f"{head}: done before with other inputs ({changed}); doing it and the stages after it again")
         for later in STAGES[number:]:  # made from this stage's old output
             for product in PRODUCTS[later]:
-                cache.remove(folder / product)
-        cache.remove(output)
+                files.remove(folder / product)
+        files.remove(output)
         cache.clean_stale(output.parent)  # what a killed run left half-written
         say(f"{head} ...")
         start = time.perf_counter()
         summary = work[name]()
         times[name], made_with[name] = round(time.perf_counter() - start, 1), inputs[name]
-        cache.write_text(folder / "stage_times.json", json.dumps(times, indent=1))
-        cache.write_text(folder / INPUTS, json.dumps(made_with, indent=1))
+        files.write_text(folder / "stage_times.json", json.dumps(times, indent=1))
+        files.write_text(folder / INPUTS, json.dumps(made_with, indent=1))
         say(f"{head}: {summary} ({times[name]:.0f} s)")
     return [Row(**r) for r in _read_json(folder / "results.json")["rows"]]
 
@@ -171,14 +172,14 @@ def _changes(before: dict | None, now: dict) -> str:
 def stage_report(target, other, settings: RecipeSettings, folder: Path) -> str:
     report = tokenizer_report(target.tokenizer, other.tokenizer, settings.texts, target_model=target.model,
                               draft_model=other.model)
-    cache.write_text(folder / "report.json", json.dumps(report.to_dict(), indent=1, ensure_ascii=False))
+    files.write_text(folder / "report.json", json.dumps(report.to_dict(), indent=1, ensure_ascii=False))
     return (f"{report.shared_tokens} shared tokens ({report.overlap:.0%} of the target's), word-boundary "
             f"mismatch {report.boundary_mismatch_rate:.0%}")
 
 
 def stage_transplant(target, other, folder: Path) -> str:
     model = transplanted(other, target, "string").model
-    with cache.atomic_path(folder / "transplant") as partial:
+    with files.atomic_path(folder / "transplant") as partial:
         save_aligned(model, target.tokenizer, partial)
     return f"{other.name} on the target's tokenizer ({vocab_size(model)} rows) in transplant/"
 
@@ -201,7 +202,7 @@ def stage_data(target, settings: RecipeSettings, folder: Path) -> str:
         summary["identical_to_one_at_a_time"] = f"{same}/{len(checked)}"
         note = (f"; {summary['s_per_row']:.1f} s per row batched vs {summary['one_at_a_time_s_per_row']:.1f} s one at "
                 f"a time, rows equal to one-at-a-time: {same}/{len(checked)}")
-    cache.write_text(folder / "data.json", json.dumps(summary))
+    files.write_text(folder / "data.json", json.dumps(summary))
     sampled = f" (greedy + {settings.samples} sampled at T={settings.sample_temperature} per prompt)" \
         if settings.samples else ""
     return f"{len(data)} target continuations{sampled}, {tokens} tokens{note}"
@@ -236,7 +237,7 @@ def _continue_or_restart(checkpoint: Path, config: DistillConfig, data) -> str:
         return ""
     conflict = resume_conflict(saved, asdict(config), data_fingerprint(data))
     if conflict:
-        cache.remove(checkpoint)
+        files.remove(checkpoint)
         return f" (started again: {conflict})"
     return f" (continued from step {saved.steps_done})"
 
@@ -294,8 +295,8 @@ def measure(target, other, same_draft: str, settings: RecipeSettings, folder: Pa
                         stats.predicted_speedup, measured_speedup(stats, baseline), _ms_per_token(stats),
                         f"{same}/{len(results)}"))
         say(markdown(rows[-1:]).splitlines()[-1])
-    cache.write_text(folder / "table.md", markdown(rows))
-    cache.write_text(folder / "results.json", json.dumps(
+    files.write_text(folder / "table.md", markdown(rows))
+    files.write_text(folder / "results.json", json.dumps(
         {"target": target.name, "dtype": target.dtype, "k": k, "prompts": len(held_out), "max_new_tokens": n,
          "rows": [asdict(r) for r in rows]}, indent=1, ensure_ascii=False))
     return rows

@@ -20,6 +20,7 @@ import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
+from specdec.core import files
 from specdec.models import cache, entries
 
 PREFIX = "aligned:"  # spec prefix naming a registered aligned draft
@@ -95,12 +96,12 @@ def loaded_id(loaded) -> str:
 def register(model_folder, card: Card) -> Path:
     """Copy `model_folder` and write `card` as the aligned draft `card.name` (replacing one of that name).
 
-    The folder appears whole or not at all (`cache.atomic_path`); returns it."""
+    The folder appears whole or not at all (`files.atomic_path`); returns it."""
     model_folder = Path(model_folder)
     if not any(model_folder.glob("*.safetensors")):
         raise ValueError(f"{model_folder} holds no *.safetensors weights to register")
     final = root() / card.name
-    with cache.locked(final), cache.atomic_path(final) as partial:
+    with cache.locked(final), files.atomic_path(final) as partial:
         shutil.copytree(model_folder, partial)
         (partial / CARD).write_text(_card_json(card), encoding="utf-8")
     return final
@@ -110,7 +111,7 @@ def set_acceptance(name: str, acceptance: float) -> Card:
     """Record a held-out α̂ measured after registration (the aligned-draft recipe's measure stage) on `name`'s card."""
     path = folder(name)
     card = replace(read_card(path), held_out_acceptance=acceptance)
-    cache.write_text(path / CARD, _card_json(card))
+    files.write_text(path / CARD, _card_json(card))
     return card
 
 
@@ -131,7 +132,7 @@ def list_aligned(target: str | None = None) -> list[Card]:
     """Registered aligned drafts (all, or those for `target`), newest first."""
     if not root().is_dir():
         return []
-    finished = [p for p in root().iterdir() if NAME.match(p.name) and not cache.in_progress(p)]  # not being written
+    finished = [p for p in root().iterdir() if NAME.match(p.name) and not files.in_progress(p)]  # not being written
     cards = [c for p in finished if (c := read_card(p)) is not None]
     if target is not None:
         cards = [c for c in cards if c.target == model_id(target)]

@@ -8,15 +8,14 @@ Layout:
     quantized/<name>-<hash>/          int8 copies of folders outside the cache (same module)
     locks/<name>-<hash>.lock          one lock file per destination
 
-Every write goes to a `.partial-<pid>-<thread>` sibling, is fsynced and renamed into place when complete,
-so an interrupted or failed write never leaves a file or folder that looks finished. One discipline keeps
-cleanup away from live writers: a writer holds an flock on its partial's token (`NAME.writer-<pid>-<thread>`,
-made before the partial and removed after it; the kernel releases it when the process dies), and a partial is
-removed only when its token's lock is free and no one holds its destination's lock. `clean_stale` (before
-every load) and `locked` apply it, so a killed writer's partial goes and a live one's (a distillation, another
-process or container sharing the cache) stays. A folder being replaced is first moved aside as
-`<partial>.previous`; a kill before the new one is in place leaves it there and cleanup puts it back.
-One writer at a time per destination when it matters (`locked`: an flock per destination). A converted folder
+Every write goes through `specdec.core.files.atomic_path`: a `.partial-<pid>-<thread>` sibling, fsynced and
+renamed into place when complete, so an interrupted or failed write never leaves a file or folder that looks
+finished. One discipline keeps cleanup away from live writers: a writer holds an flock on its partial's token
+(`NAME.writer-<pid>-<thread>`, `specdec.core.files`), and a partial is removed only when its token's lock is
+free and no one holds its destination's lock. `clean_stale` (before every load) and `locked` apply it, so a
+killed writer's partial goes and a live one's (a distillation, another process or container sharing the cache)
+stays; a folder a killed writer had moved aside is put back. One writer at a time per destination when it
+matters (`locked`: an flock per destination). A converted folder
 is trusted only when its `READY.json` marker (written last) lists the size and content fingerprint of every
 file in it (`fingerprint`: both ends of the file, where a safetensors header lives) and they still match;
 otherwise it is converted again.
@@ -28,18 +27,15 @@ import fcntl
 import hashlib
 import json
 import os
-import shutil
-import threading
 from pathlib import Path
 from typing import Callable, Iterator
+
+from specdec.core import files
 
 DTYPES = ("float32", "bfloat16")
 CHUNK_BYTES = 8 << 20  # copy/hash granularity while assembling
 READY = "READY.json"  # marker written last into a converted folder: {file name: {"size", "fingerprint"}}
 FINGERPRINT_BYTES = 1 << 20  # bytes hashed at each end of a file for its fingerprint (a safetensors header is first)
-PARTIAL = ".partial-"  # NAME.partial-<pid>-<thread>: a write of NAME in progress (or left by a killed writer)
-WRITER = ".writer-"  # NAME.writer-<pid>-<thread>: the token the writer of NAME.partial-<pid>-<thread> holds locked
-PREVIOUS = ".previous"  # <partial>.previous: the folder being replaced, moved aside until the new one is in place
 
 Progress = Callable[[str, float], None]  # (stage message, fraction done in [0, 1])
 
@@ -71,7 +67,7 @@ def mark_ready(folder: Path) -> None:
     """Fsync every file of `folder`, then write its READY marker (sizes and fingerprints) last."""
     listed = {}
     for path in sorted(folder.iterdir()):
-        _fsync(path)
+        files.fsync(path)
         listed[path.name] = {"size": path.stat().st_size, "fingerprint": fingerprint(path) if path.is_file() else None}
     with open(folder / READY, "w") as file:
         json.dump(listed, file)
@@ -132,7 +128,7 @@ def locked(final: Path, busy: str = "") -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_EX | (fcntl.LOCK_NB if busy else 0))
         except BlockingIOError:
             raise ValueError(busy) from None
-        for partial in final.parent.glob(f"{final.name}{PARTIAL}*"):
+        for partial in files.partials_of(final):
             _reap(partial, destination_free=True)
         yield
 
@@ -143,104 +139,16 @@ def _lock_path(final: Path) -> Path:
     return lock
 
 
-@contextlib.contextmanager
-def atomic_path(final: Path) -> Iterator[Path]:
-    """Yield a temporary sibling of `final` to write (file or folder); fsync and rename it to `final` on success.
-
-    A caller racing other writers of `final` holds `locked(final)`. On an exception the temporary path
-    is removed and `final` is untouched; on success a previous `final` is replaced (a folder is moved aside
-    first and deleted once the new one is in place, so a kill in between loses neither).
-    """
-    final.parent.mkdir(parents=True, exist_ok=True)
-    partial = final.with_name(f"{final.name}{PARTIAL}{os.getpid()}-{threading.get_ident()}")
-    aside = partial.with_name(partial.name + PREVIOUS)
-    with _writing(partial):
-        try:
-            yield partial
-            _fsync(partial)
-            if final.is_dir():  # a folder cannot be renamed over (a file is, atomically)
-                os.replace(final, aside)
-            os.replace(partial, final)
-            _fsync(final.parent)
-            remove(aside)
-        except BaseException:
-            remove(partial)
-            raise
-
-
-@contextlib.contextmanager
-def _writing(partial: Path) -> Iterator[None]:
-    """Hold `partial`'s writer token locked while the partial may exist (taken before, dropped after)."""
-    token = _token(partial)
-    while True:  # the lock must be on the file the name points to now (cleanup unlinks a dead writer's token)
-        handle = open(token, "a")
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        if _names(token, handle):
-            break
-        handle.close()
-    try:
-        for stale in (partial, partial.with_name(partial.name + PREVIOUS)):  # left by a dead writer of this name
-            _reap(stale, destination_free=True, writer_dead=True)
-        yield
-    finally:
-        token.unlink(missing_ok=True)
-        handle.close()
-
-
-def _reap(path: Path, destination_free: bool = False, writer_dead: bool = False) -> bool:
-    """Remove the partial `path` if its writer is dead (a folder moved aside goes back when nothing replaced it);
-    True when it did. `destination_free`: the caller holds the destination's lock (else it must be free too)."""
-    final = path.with_name(path.name.partition(PARTIAL)[0])
+def _reap(path: Path, destination_free: bool = False) -> bool:
+    """Remove the partial `path` if its writer is dead (`files.discard`: a folder moved aside goes back when
+    nothing replaced it); True when it did. `destination_free`: the caller holds the destination's lock (else it
+    must be free too)."""
     with contextlib.ExitStack() as held:
-        if not writer_dead and not _writer_gone(_token(path), held):
+        if not files.writer_gone(files.token_of(path), held):
             return False
-        if not destination_free and not _lock_free(_lock_path(final), held):
+        if not destination_free and not _lock_free(_lock_path(files.destination(path)), held):
             return False
-        if not path.exists():
-            return False
-        if path.name.endswith(PREVIOUS) and not final.exists():
-            os.replace(path, final)
-        else:
-            remove(path)
-        return True
-
-
-def in_progress(path: Path) -> bool:
-    """Whether `path` is a write in progress (a partial, a folder moved aside, a writer token), not a result."""
-    return PARTIAL in path.name or WRITER in path.name
-
-
-def _token(partial: Path) -> Path:
-    """The writer token of a partial (or of the folder it moved aside)."""
-    return partial.with_name(partial.name.removesuffix(PREVIOUS).replace(PARTIAL, WRITER, 1))
-
-
-def _writer_gone(token: Path, held: contextlib.ExitStack) -> bool:
-    """True when no live writer holds `token`: a missing one, or one whose lock is free (then held until `held`
-    closes, and the token unlinked just before). False while its writer lives."""
-    while True:
-        try:
-            handle = open(token, "r")
-        except FileNotFoundError:
-            return True
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.close()
-            return False
-        if _names(token, handle):
-            held.enter_context(handle)
-            held.callback(token.unlink, missing_ok=True)  # runs before the handle closes (LIFO)
-            return True
-        handle.close()  # the name moved on to a newer writer's token: look again
-
-
-def _names(path: Path, handle) -> bool:
-    """Whether `path` is still the name of the file open as `handle`."""
-    try:
-        return os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino
-    except FileNotFoundError:
-        return False
+        return files.discard(path)
 
 
 def _lock_free(lock: Path, held: contextlib.ExitStack) -> bool:
@@ -253,12 +161,6 @@ def _lock_free(lock: Path, held: contextlib.ExitStack) -> bool:
     return True
 
 
-def write_text(path: Path, text: str) -> None:
-    """Replace `path` with `text` atomically (readers see the old or the new file, never a part)."""
-    with atomic_path(path) as partial:
-        partial.write_text(text, encoding="utf-8")
-
-
 def clean_stale(folder: Path | None = None) -> int:
     """Remove the partials under `folder` (default: the whole cache) whose writer is dead; returns how many.
 
@@ -267,28 +169,11 @@ def clean_stale(folder: Path | None = None) -> int:
     Tokens of dead writers go too.
     """
     folder = folder or root()
-    removed = sum(_reap(path) for path in folder.glob(f"**/*{PARTIAL}*"))
-    for token in folder.glob(f"**/*{WRITER}*"):  # a writer killed before its partial appeared, or after it went
+    removed = sum(_reap(path) for path in folder.glob(f"**/*{files.PARTIAL}*"))
+    for token in folder.glob(f"**/*{files.WRITER}*"):  # a writer killed before its partial appeared, or after it went
         with contextlib.ExitStack() as held:
-            _writer_gone(token, held)
+            files.writer_gone(token, held)
     return removed
-
-
-def _fsync(path: Path) -> None:
-    """Flush `path` (a file, or a folder's entries) to disk."""
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
-def remove(path: Path) -> None:
-    """Delete a file or a folder tree, if there."""
-    if path.is_dir():
-        shutil.rmtree(path, ignore_errors=True)
-    elif path.exists():
-        path.unlink()
 
 
 def assemble(chunks: list[Path], sha256: str, destination: Path, progress: Progress | None = None) -> Path:
@@ -300,7 +185,7 @@ def assemble(chunks: list[Path], sha256: str, destination: Path, progress: Progr
     with locked(destination):
         if destination.is_file():
             return destination
-        with atomic_path(destination) as partial:
+        with files.atomic_path(destination) as partial:
             _concatenate(chunks, sha256, partial, progress, destination.name)
     return destination
 

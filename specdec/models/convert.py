@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
+from specdec.core import files
 from specdec.models import cache
 from specdec.models.cache import Progress
 
@@ -76,7 +77,7 @@ def _load_folder(folder: Path, dtype: str):
 
 
 def _save(model, tokenizer, folder: Path) -> None:
-    with cache.atomic_path(folder) as partial:
+    with files.atomic_path(folder) as partial:
         model.save_pretrained(partial)  # safetensors
         tokenizer.save_pretrained(partial)
         cache.mark_ready(partial)

@@ -24,6 +24,7 @@ candidates, so no timing outlives the path it measured; `recalibrate=True` measu
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
@@ -33,8 +34,9 @@ import torch
 from transformers import AutoModelForCausalLM
 from transformers.initialization import no_init_weights
 
-from specdec.core import hardware
-from specdec.core.kv import CachedLM
+from specdec.core import files, hardware
+from specdec.core.forwards import CONTEXT_TOKENS, forward_seconds, primed_cache
+from specdec.core.timing import interleaved
 from specdec.models import cache, quant, quant4
 from specdec.models.speed import apply_speed_levers
 
@@ -43,7 +45,6 @@ ROW_INVARIANT = ("int8", "int4")  # formats whose verification rows are bitwise 
 CPU_ONLY = ("int8", "int8-dynamic", "int4")  # formats with CPU kernels only
 ROLES = ("target", "draft")
 LAYERS = (2, 6)  # depths timed; the model's depth is extrapolated from these two
-CONTEXT = 64  # tokens in the cache before each timed forward
 VERIFY_ROWS = 5  # rows of the timed verification forward (k = 4 drafts + the target's token)
 REPEATS = 7  # timed forwards per depth and size, the two depths interleaved; the fastest is kept (noise only adds)
 METHOD = 1  # bump when what a format calibration measures changes
@@ -54,8 +55,8 @@ class FormatTiming:
     """One format's measured forward times at the model's depth (seconds, extrapolated)."""
 
     format: str
-    step_s: float  # a one-token forward after CONTEXT tokens
-    verify_s: float  # a VERIFY_ROWS-token forward after CONTEXT tokens
+    step_s: float  # a one-token forward after CONTEXT_TOKENS tokens
+    verify_s: float  # a VERIFY_ROWS-token forward after CONTEXT_TOKENS tokens
 
     @property
     def target_s(self) -> float:
@@ -108,7 +109,7 @@ def choose_format(config, role: str, *, device: str = "cpu", recalibrate: bool =
     stored = None if recalibrate else _read(folder / f"formats-{key}.json")
     timings = stored if stored is not None else time_formats(config, formats, device=device, repeats=repeats)
     if stored is None:
-        cache.write_text(folder / f"formats-{key}.json", json.dumps([asdict(t) for t in timings]))
+        files.write_text(folder / f"formats-{key}.json", json.dumps([asdict(t) for t in timings]))
     return _choose(role, timings, key, measured_now=stored is None)
 
 
@@ -128,22 +129,26 @@ def _choose(role: str, timings: list[FormatTiming], key: str, measured_now: bool
 
 def time_formats(config, formats, *, device: str = "cpu", repeats: int = REPEATS) -> list[FormatTiming]:
     """Each format's one-token and VERIFY_ROWS-token forward at `config`'s depth, from random-weight models at the
-    depths LAYERS (the two depths of a format interleaved, medians of `repeats`; one format's models alive at a
-    time, so memory stays that of two shallow models)."""
+    depths LAYERS (the two depths of a format interleaved by `specdec.core.timing.interleaved`, the fastest of
+    `repeats` kept: noise only adds; one format's models alive at a time, so memory stays that of two shallow
+    models)."""
     return [_time_format(config, f, device, repeats) for f in formats]
 
 
 def _time_format(config, format_: str, device: str, repeats: int) -> FormatTiming:
-    runs = [_Timed(build(config, format_, layers, device)) for layers in LAYERS]
-    samples = [([], []) for _ in runs]
-    for _ in range(repeats):
-        for run, (steps, verifications) in zip(runs, samples):
-            steps.append(run.forward(1))
-            verifications.append(run.forward(VERIFY_ROWS))
-    (low_step, low_verify), (high_step, high_verify) = [tuple(map(min, s)) for s in samples]
+    caches = {layers: primed_cache(build(config, format_, layers, device)) for layers in LAYERS}
+    for lm, base in caches.values():
+        forward_seconds(lm, base, 1)  # warm-up
+    samples = interleaved({(layers, n): functools.partial(forward_seconds, *caches[layers], n)
+                           for layers in LAYERS for n in (1, VERIFY_ROWS)}, repeats)
+    fastest = {key: min(values) for key, values in samples.items()}
     (low, high), depth = LAYERS, config.num_hidden_layers
-    extrapolate = lambda at_low, at_high: at_low + (depth - low) * max(at_high - at_low, 0.0) / (high - low)  # noqa: E731
-    return FormatTiming(format_, extrapolate(low_step, high_step), extrapolate(low_verify, high_verify))
+
+    def at_depth(n: int) -> float:  # t(L) = t(low) + (L - low) * per_layer
+        per_layer = max(fastest[(high, n)] - fastest[(low, n)], 0.0) / (high - low)
+        return fastest[(low, n)] + (depth - low) * per_layer
+
+    return FormatTiming(format_, at_depth(1), at_depth(VERIFY_ROWS))
 
 
 def build(config, format_: str, layers: int, device: str = "cpu") -> torch.nn.Module:
@@ -152,7 +157,8 @@ def build(config, format_: str, layers: int, device: str = "cpu") -> torch.nn.Mo
     shallow.num_hidden_layers = layers
     for name in ("layer_types", "mlp_only_layers"):  # per-layer lists follow the depth
         if isinstance(getattr(shallow, name, None), list):
-            setattr(shallow, name, getattr(shallow, name)[:layers])
+            values = getattr(shallow, name)
+            setattr(shallow, name, (values * layers)[:layers] if values else values)  # deeper than the model: repeat
     dtype = torch.bfloat16 if format_ == "bfloat16" else torch.float32
     with no_init_weights():  # values are filled below, cheaply: timings depend on shapes, not values
         model = AutoModelForCausalLM.from_config(shallow, dtype=dtype).eval()
@@ -177,29 +183,12 @@ def to_format(model: torch.nn.Module, format_: str) -> torch.nn.Module:
     return model
 
 
-class _Timed:
-    """A model with CONTEXT tokens cached; `forward(n)` times n new tokens after them (rolled back each time)."""
-
-    def __init__(self, model: torch.nn.Module):
-        self.lm = CachedLM(model)
-        rows = model.get_output_embeddings().weight.shape[0]
-        self.base = [(7 + 7919 * i) % (rows - 10) + 5 for i in range(CONTEXT)]
-        self.lm.prefill(self.base + [self.base[0]])
-        self.forward(1)  # warm-up
-
-    def forward(self, n: int) -> float:
-        cached_next = self.lm.token_ids[len(self.base):len(self.base) + 1]
-        first = 2 if cached_next == [1] else 1  # differs from what is cached, so the rollback keeps exactly `base`
-        feed = self.lm.pending(self.base + [first] + [3] * (n - 1))  # [n] new tokens
-        return self.lm.forward(feed, logits_to_keep=n)[1]
-
-
 def _key(config, formats, device: str) -> str:
     shapes = {name: getattr(config, name, None) for name in (
         "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
         "num_key_value_heads", "vocab_size", "tie_word_embeddings")}
     about = {"hardware": hardware.describe(device), "method": METHOD, "weight_limit": quant.weight_limit(),
-             "shapes": shapes, "formats": list(formats), "context": CONTEXT}
+             "shapes": shapes, "formats": list(formats), "context": CONTEXT_TOKENS}
     return hashlib.sha256(json.dumps(about, sort_keys=True).encode()).hexdigest()[:20]
 
 

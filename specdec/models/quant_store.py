@@ -22,7 +22,7 @@ A store is used only when it is READY, of its Form's format, made from its sourc
 folder: the names, sizes and modification times of its files; a GGUF: a catalogue package's sha256, a .gguf
 file's path, size and modification time) and with this machine's weight limit; anything else (a store of an
 older layout, a changed source, unreadable weights) is made again, with one line on stderr saying why. Writes
-go through `cache.atomic_path` under `cache.locked`, so a killed save leaves only a partial that no load reads.
+go through `files.atomic_path` under `cache.locked`, so a killed save leaves only a partial that no load reads.
 Copies of folders that no longer exist stay until `quantized/` is deleted. Bump a Form's format whenever its
 stored layout or its quantization changes.
 
@@ -42,6 +42,7 @@ from typing import Callable, NamedTuple
 import torch
 from safetensors import SafetensorError
 
+from specdec.core import files
 from specdec.models import cache, convert, gguf_read, quant, quant4
 from specdec.models.cache import Progress
 
@@ -188,7 +189,7 @@ def _write(form: Form, model: torch.nn.Module, tokenizer, store: Path, identity:
     """Save the quantized `model` (safetensors), its config and tokenizer, then the marker and READY, atomically."""
     from safetensors.torch import save_file
 
-    with cache.atomic_path(store) as partial:
+    with files.atomic_path(store) as partial:
         partial.mkdir()
         state = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}  # Conv1D's are transposed
         save_file(state, str(partial / WEIGHTS), metadata={"format": "pt"})

@@ -38,6 +38,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from specdec.core import files
 from specdec.core.engine import autoregressive_generate, speculative_generate
 from specdec.core.inputs import resolve_eos, unwrap
 from specdec.core.trace import pooled_stats
@@ -501,16 +502,16 @@ def _save_checkpoint(checkpoint: Path, accelerator, trained, optimizer, report: 
     if not accelerator.is_main_process:
         return
     name = f"step-{report.steps_done:08d}"
-    with cache.atomic_path(checkpoint / name) as folder:
+    with files.atomic_path(checkpoint / name) as folder:
         folder.mkdir()
         save_model(accelerator.unwrap_model(trained), str(folder / "draft.safetensors"))
         torch.save(optimizer.state_dict(), folder / "optimizer.pt")
         (folder / STATE_FILE).write_text(json.dumps(report.to_dict()))
         cache.mark_ready(folder)
-    cache.write_text(checkpoint / LATEST, name)
+    files.write_text(checkpoint / LATEST, name)
     for old in checkpoint.iterdir():
-        if old.name not in (name, LATEST) and not cache.in_progress(old):
-            cache.remove(old)  # older steps
+        if old.name not in (name, LATEST) and not files.in_progress(old):
+            files.remove(old)  # older steps
     cache.clean_stale(checkpoint)  # partials of killed writes (a live writer's stay)
 
 

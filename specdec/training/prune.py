@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterable
 
-from specdec.models import cache
+from specdec.core import files
 
 
 MOST_FREQUENT = 2048  # general-text tokens kept besides the domain's own
@@ -26,5 +26,5 @@ def build_vocabulary(domain: Iterable[Iterable[int]], general: Iterable[Iterable
 
 def save_vocabulary(path: Path, token_ids: list[int], **about) -> Path:
     """Write the set as JSON (`about`: where it came from, e.g. domain, sources, sizes)."""
-    cache.write_text(Path(path), json.dumps({"token_ids": sorted(token_ids), **about}))
+    files.write_text(Path(path), json.dumps({"token_ids": sorted(token_ids), **about}))
     return Path(path)

@@ -7,6 +7,7 @@ import json
 import tempfile
 from pathlib import Path
 
+from specdec.core import files
 from specdec.core.suites import available_suites, encode, load_suite
 from specdec.models import cache, formats
 from specdec.models.aligned import (NAME_CHARS, Card, check_name, folder, loaded_id, read_card, register,
@@ -38,7 +39,7 @@ def transplant(target, source, *, name: str, domain: str = "", progress=None) ->
         if source.dtype in formats.CPU_ONLY:
             raise ValueError(f"{source.name} is loaded in {source.dtype}: a transplant rebuilds float weights (load "
                              "it with role 'train')")
-        cache.remove(runs_root() / name)  # an earlier distillation of that name trained other weights
+        files.remove(runs_root() / name)  # an earlier distillation of that name trained other weights
         say = progress or (lambda stage, fraction: None)
         say(f"copying {source.name} and rebuilding its embeddings for the target's tokenizer", 0.1)
         aligned = transplanted(source, target, "string")
@@ -107,9 +108,9 @@ def distill_to_folder(target, draft, train: list[list[int]], held_out: list[list
                      resume=resume, progress=progress)
     bar.close()
     if state.is_main_process:
-        with cache.atomic_path(out / "draft") as folder:
+        with files.atomic_path(out / "draft") as folder:
             save_aligned(draft.model, target.tokenizer, folder)
-        cache.write_text(out / "report.json", json.dumps(report.to_dict(), indent=1))
+        files.write_text(out / "report.json", json.dumps(report.to_dict(), indent=1))
         write_plot(report, out / "loss.html")
     state.wait_for_everyone()  # every process returns once the folder is complete
     return report
@@ -127,4 +128,4 @@ def write_plot(report: DistillReport, path: Path) -> None:
     figure.add_scatter(x=[e["step"] for e in report.evals], y=[e["acceptance_rate"] for e in report.evals],
                        name="α̂", mode="lines+markers", row=2, col=1)
     figure.update_xaxes(title_text="optimizer step", row=2, col=1)
-    cache.write_text(path, figure.to_html(include_plotlyjs=True))
+    files.write_text(path, figure.to_html(include_plotlyjs=True))

@@ -25,7 +25,7 @@ from specdec.lab.report import baseline_lines, round_rows
 from specdec.dashboard.chips import chips_html, legend_html
 from specdec.dashboard.config import AppConfig, K_CHOICES, PROMPTS
 from specdec.dashboard.events import DECODE, on_gpu, private
-from specdec.dashboard.handlers import check_prompt, run_baseline, run_speculative, user_errors, waterfall_figure
+from specdec.dashboard.handlers import check_prompt, run_baseline, user_errors, waterfall_figure
 from specdec.dashboard.hub import VOCABULARIES, ModelHub
 from specdec.dashboard.panels import round_table, stats_html
 from specdec.dashboard.runs import AUTO, DecodeRequest, RunControl, partial_result, stream
@@ -175,8 +175,7 @@ def live_decode(hub: ModelHub, target, draft, bridge, prompt, k, max_new_tokens,
     costs = hub.costs(target_model, draft_model, progress=progress, budget=token.budget)
     tokenizer = target_model.tokenizer
     result = None
-    for update in stream(lambda on_round: run_speculative(target_model, draft_model, request, on_round, costs,
-                                                          token.budget), token):
+    for update in stream(request.rounds(target_model, draft_model, costs, token.budget), token):
         if isinstance(update, GenerationResult):
             result = update
             break

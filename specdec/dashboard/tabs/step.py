@@ -1,7 +1,7 @@
 """The live tab's step-through: one engine round at a time, and one position's sampling rule up close.
 
-- Step-through: `teach.Stepper` runs the engine's own decode in a worker thread that pauses after every
-  round, so "Next round" costs exactly one engine round. `step_html` shows that round: the draft's
+- Step-through: `teach.Stepper` resumes the engine's own decode (a generator paused after every round) once
+  per click, so "Next round" costs exactly one engine round. `step_html` shows that round: the draft's
   proposals with p_draft, the target's top-1 at each of the k+1 rows of its one forward, the comparison,
   and what is kept.
 - One position: `specdec.lab.position.position_view` recomputes p_draft and p_target there;
@@ -21,7 +21,7 @@ from specdec.lab.position import PositionView, position_view
 
 from specdec.dashboard.chips import chips_html, token_label
 from specdec.dashboard.events import DECODE, private
-from specdec.dashboard.handlers import check_prompt, run_speculative, user_errors
+from specdec.dashboard.handlers import check_prompt, user_errors
 from specdec.dashboard.hub import ModelHub
 from specdec.dashboard.runs import DecodeRequest
 from specdec.dashboard.teach import IDLE_S, Stepper
@@ -98,8 +98,7 @@ def step_start(hub, target, draft, bridge, prompt, k, max_new_tokens, sampling, 
     check_prompt(target_model, request, budget)
     costs = hub.costs(target_model, draft_model, progress=progress, budget=budget)
     session.request, session.target, session.draft = request, target_model, draft_model
-    session.stepper = Stepper(lambda on_round: run_speculative(target_model, draft_model, request, on_round, costs,
-                                                               budget))
+    session.stepper = Stepper(request.rounds(target_model, draft_model, costs, budget))
     return step_next(session)
 
 

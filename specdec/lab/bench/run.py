@@ -32,9 +32,10 @@ from specdec.core.engine import autoregressive_generate, speculative_generate
 from specdec.core.inputs import resolve_eos, unwrap
 from specdec.core.limits import K_AUTO_START
 from specdec.core.suites import Prompt, encode
+from specdec.core.timing import warm_up
 from specdec.core.trace import Counts, explain_divergence, first_divergence, ratio
 from specdec.lab.bench.store import RESULTS_CSV, append_row, check_run_folder, read_rows, row_key, write_csv
-from specdec.lab.measure import Timed, WARMUP_TOKENS, time_median, warm_up
+from specdec.lab.measure import Timed, WARMUP_TOKENS, time_generation
 
 
 @dataclass
@@ -115,8 +116,9 @@ def run_bench(target, contenders: list[Contender], prompts: list[Prompt], ks: li
         if not todo[prompt.id]:
             continue
         ids = encode(prompt, tokenizer)
-        alone = time_median(_target_alone(target_model, ids, config), config.repeats)
-        plain = time_median(_hf(target_model, None, ids, 0, config), config.repeats) if hf_plain else None
+        alone = time_generation(_target_alone(target_model, ids, config), config.repeats, target_model.device)
+        plain = (time_generation(_hf(target_model, None, ids, 0, config), config.repeats, target_model.device)
+                 if hf_plain else None)
         for entry, k in todo[prompt.id]:
             row = _cell(target_model, entry, k, prompt, ids, config, alone, plain)
             append_row(out, row)
@@ -144,9 +146,9 @@ def cells_to_run(out_dir: str | Path, contenders: list[Contender], prompts: list
 
 def _cell(target_model, entry: Contender, k, prompt: Prompt, ids: list[int], config: BenchConfig,
           alone: Timed, plain: Timed | None) -> dict:
-    ours = time_median(_ours(target_model, entry, ids, k, config), config.repeats)
-    assisted = (time_median(_hf(target_model, entry.hf_assistant, ids, k, config), config.repeats)
-                if entry.hf_assistant is not None else None)
+    ours = time_generation(_ours(target_model, entry, ids, k, config), config.repeats, target_model.device)
+    assisted = (time_generation(_hf(target_model, entry.hf_assistant, ids, k, config), config.repeats,
+                                target_model.device) if entry.hf_assistant is not None else None)
     stats = ours.output.stats
     greedy = config.temperature == 0
     return {

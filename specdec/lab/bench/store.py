@@ -6,10 +6,13 @@ with another configuration is refused, so one folder never mixes two settings.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 from dataclasses import asdict
 from pathlib import Path
+
+from specdec.core import files
 
 RESULTS_JSONL = "results.jsonl"
 RESULTS_CSV = "results.csv"
@@ -38,7 +41,7 @@ def read_rows(out_dir: str | Path) -> list[dict]:
         except ValueError:  # not UTF-8, or not JSON
             raise ValueError(f"{path}:{number}: not a JSON row ({line[:60]!r}); move the file away to start over")
     if lines[-1]:  # a torn last line (cut anywhere, even inside a character): keep every complete row
-        write_atomically(path, b"".join(line + b"\n" for line in lines[:-1]).decode("utf-8"))
+        files.write_text(path, b"".join(line + b"\n" for line in lines[:-1]).decode("utf-8"))
     return rows
 
 
@@ -50,23 +53,13 @@ def append_row(out_dir: Path, row: dict) -> None:
         os.fsync(f.fileno())
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """Write `text` to a temporary sibling, fsync it and rename it over `path`: never half a file."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(temporary, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, path)
-
-
 def check_run_folder(out: Path, config) -> None:
     """Create the folder, or refuse to mix results of a different configuration (a dataclass) into it."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / CONFIG_JSON
     wanted = asdict(config)
     if not path.exists():
-        write_atomically(path, json.dumps(wanted, indent=1))
+        files.write_text(path, json.dumps(wanted, indent=1))
         return
     stored = json.loads(path.read_text(encoding="utf-8"))
     if stored != wanted:
@@ -76,10 +69,11 @@ def check_run_folder(out: Path, config) -> None:
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
-    """All rows as a CSV table (nothing is written for no rows)."""
+    """All rows as a CSV table, replaced atomically (nothing is written for no rows)."""
     if not rows:
         return
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    table = io.StringIO(newline="")
+    writer = csv.DictWriter(table, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    files.write_text(path, table.getvalue())
