@@ -281,6 +281,19 @@ def test_k_auto_counts_the_overhead_of_rounds_and_keeps_a_margin():
     assert cheap.next_k() > 0 and max(speeds) >= speeds[0] * (1 + MARGIN)
 
 
+def test_k_auto_probes_less_often_while_probes_do_not_pay():
+    from specdec.core.schedule import PROBE_AFTER, AdaptiveK
+    controller = AdaptiveK()
+    chosen = []
+    for _ in range(12 * PROBE_AFTER):
+        k = controller.next_k()
+        chosen.append(k)
+        controller.observe(synthetic_round(k, 0, draft_time=0.3 * k, target_time=1.0))
+    probes = [i for i, k in enumerate(chosen) if k == 1 and i > 0]
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert len(probes) >= 3 and all(later > earlier for earlier, later in zip(gaps, gaps[1:]))
+
+
 def test_k_auto_with_a_useless_draft_is_lossless_and_mostly_plain_steps(models):
     result = speculative_generate(models["target"], models["unrelated"], PROMPT, k="auto", max_new_tokens=37,
                                   eos_token_id=[])

@@ -7,7 +7,7 @@ k="auto" rule (documented once, here). Before every round the controller picks t
                     time_k = step·v(k+1) + k·(draft + extra) + base  (seconds, `RoundPrices`)
 
 where a_i is the running conditional acceptance at draft position i: accepted there / reached there,
-counts decayed by DECAY each round (recent rounds count most) and shrunk (PRIOR_ROUNDS pseudo-rounds)
+counts decayed by DECAY each round that drafted (recent rounds count most) and shrunk (PRIOR_ROUNDS pseudo-rounds)
 towards a_(i-1), the first towards the pooled rate, so a position seldom reached borrows the rate of the
 one before it. Every price is what this run paid, decayed like the counts: step = a target forward over
 one token at the run's context (verification time / v(n)), draft = one draft forward, extra = what a drafted
@@ -16,7 +16,8 @@ token costs besides its forward (choosing it, its distribution), base = what a r
 one). Before a price is measured the calibration's is used (step_s, c·step_s), else Leviathan's (v = 1, c = 0).
 k = 0 (a plain target step: step + base for one token, the target alone's price) is chosen unless some k is
 predicted to beat it by MARGIN; after PROBE_AFTER rounds at k = 0 the controller drafts one token to look
-again. Until a round has been observed, k = K_AUTO_START.
+again, and waits twice as long after each probe that did not bring drafting back (a probe also pays the draft's
+catch-up over every token it missed). Until a round has been observed, k = K_AUTO_START.
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ from specdec.core.trace import Round
 
 DECAY = 0.9  # weight of the past per round: about the last 10 rounds decide
 PRIOR_ROUNDS = 1.0  # pseudo-rounds at the pooled acceptance rate added to every position
-PROBE_AFTER = 8  # rounds of k = 0 before one probe with k = 1
+PROBE_AFTER = 8  # rounds of k = 0 before one probe with k = 1; doubled after each probe that did not pay
+PROBE_AFTER_MAX = 64  # the longest stretch of k = 0 between probes
 MARGIN = 0.05  # drafting must be predicted this much faster than a plain step to be chosen (noise, misprediction)
 
 
@@ -78,6 +80,7 @@ class AdaptiveK:
         self.reached = [0.0] * k_max  # decayed count of rounds that reached draft position i
         self.accepted = [0.0] * k_max  # decayed count of rounds that accepted it
         self.rounds_at_zero = 0  # consecutive rounds the controller chose k = 0
+        self.probe_after = PROBE_AFTER  # rounds of k = 0 before the next probe
         self.prices = RoundPrices()
         self.observed = 0
 
@@ -88,11 +91,14 @@ class AdaptiveK:
         best = max(range(len(speeds)), key=lambda k: (speeds[k], -k))
         if speeds[best] < speeds[0] * (1.0 + MARGIN):
             best = 0
-        self.rounds_at_zero = self.rounds_at_zero + 1 if best == 0 else 0
-        if self.rounds_at_zero > PROBE_AFTER:
-            self.rounds_at_zero = 0
+        if best > 0:
+            self.rounds_at_zero, self.probe_after = 0, PROBE_AFTER
+            return best
+        self.rounds_at_zero += 1
+        if self.rounds_at_zero > self.probe_after:
+            self.rounds_at_zero, self.probe_after = 0, min(2 * self.probe_after, PROBE_AFTER_MAX)
             return 1
-        return best
+        return 0
 
     def position_rates(self) -> list[float]:
         """a_i per draft position: decayed accepted / reached, shrunk towards the previous position's a_(i-1).
@@ -112,9 +118,10 @@ class AdaptiveK:
 
     def observe(self, round_: Round) -> None:
         self.observed += 1
-        self.reached = [x * DECAY for x in self.reached]
-        self.accepted = [x * DECAY for x in self.accepted]
         drafted = len(round_.draft_token_ids)
+        if drafted:  # a plain step says nothing of the draft: what was learnt is not forgotten meanwhile
+            self.reached = [x * DECAY for x in self.reached]
+            self.accepted = [x * DECAY for x in self.accepted]
         for i in range(min(drafted, round_.num_accepted + 1, self.k_max)):
             self.reached[i] += 1.0
             self.accepted[i] += i < round_.num_accepted

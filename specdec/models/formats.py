@@ -11,11 +11,12 @@ t(L) = fixed + L·per_layer, so the head, the embeddings and every layer's shape
 while a calibration takes seconds. The rule:
 
 - a target takes the format whose verification rows are its one-token steps (ROW_INVARIANT) with the least time
-  for a one-token step plus a VERIFY_ROWS-token verification (`FormatTiming.target_s`: the target alone's price
-  and a round's, so a fast step with a costly verification does not win), and the fastest of all only where no
+  for a one-token step plus a VERIFY_ROWS-token forward (`FormatTiming.score_s`: the target alone's price and a
+  round's, so a fast step with a costly verification does not win), and the fastest of all only where no
   row-invariant format is available;
-- a draft takes the fastest format of all: verification decides the output, so a draft's precision never changes
-  it, only how often its tokens pass.
+- a draft takes the format of all with the least such time (its proposals, and its catch-up and prefill forwards
+  over several tokens): verification decides the output, so a draft's precision never changes it, only how often
+  its tokens pass.
 
 Timings are cached as JSON under `$SPECDEC_CACHE/costs/`, keyed by the hardware (CPU model and flags, threads,
 GPU), torch's version, METHOD, the kernel path (`quant.weight_limit()`), the architecture's shapes and the
@@ -59,8 +60,10 @@ class FormatTiming:
     verify_s: float  # a VERIFY_ROWS-token forward after CONTEXT_TOKENS tokens
 
     @property
-    def target_s(self) -> float:
-        """What a target is chosen by: a plain step plus a verification of VERIFY_ROWS tokens."""
+    def score_s(self) -> float:
+        """What a format is chosen by: a one-token step plus a VERIFY_ROWS-token forward (a target's plain step and
+        verification; a draft's proposal and its multi-token forwards, the catch-up after a full acceptance and
+        the prompt's prefill), so a fast step with a costly forward over several tokens does not win."""
         return self.step_s + self.verify_s
 
     @property
@@ -81,9 +84,9 @@ class FormatChoice:
     measured_now: bool = field(default=False)  # False when read from the cache
 
     def describe(self) -> str:
-        """One line per candidate, fastest first, the chosen one marked."""
+        """One line per candidate, fastest (step plus a 5-token forward) first, the chosen one marked."""
         lines = [f"{self.role} format: {self.chosen} ({self.reason})"]
-        for t in sorted(self.timings, key=lambda t: t.step_s):
+        for t in sorted(self.timings, key=lambda t: t.score_s):
             mark = "*" if t.format == self.chosen else " "
             lines.append(f" {mark} {t.format:<13} step {t.step_s * 1e3:7.1f} ms   v({VERIFY_ROWS}) {t.verify_steps:4.2f}"
                          f"{'   row-invariant' if t.format in ROW_INVARIANT else ''}")
@@ -116,12 +119,12 @@ def choose_format(config, role: str, *, device: str = "cpu", recalibrate: bool =
 def _choose(role: str, timings: list[FormatTiming], key: str, measured_now: bool) -> FormatChoice:
     if role == "target":
         timings = [t for t in timings if t.format not in DRAFT_ONLY]
-    fastest = min(timings, key=lambda t: t.step_s)
     if role == "draft":
-        return FormatChoice(role, fastest.format, "the fastest here; a draft's precision never changes the output",
-                            timings, key, measured_now)
+        fastest = min(timings, key=lambda t: t.score_s)
+        return FormatChoice(role, fastest.format, "the fastest here, step plus a 5-token forward; a draft's precision "
+                            "never changes the output", timings, key, measured_now)
     exact = [t for t in timings if t.format in ROW_INVARIANT]
-    best = min(exact or timings, key=lambda t: t.target_s)
+    best = min(exact or timings, key=lambda t: t.score_s)
     reason = ("the fastest here, step plus verification, whose verification rows are its one-token steps" if exact
               else "the fastest here, step plus verification (no row-invariant format on this device)")
     return FormatChoice(role, best.format, reason, timings, key, measured_now)
