@@ -92,3 +92,11 @@ def test_every_command_is_a_whole_word_named_after_its_module(capsys):
     listed = re.search(r"\{([a-z,]+)\}", capsys.readouterr().out).group(1).split(",")
     assert set(listed) <= {module.name for module in pkgutil.iter_modules(cli.__path__)}
     assert all(name.isalpha() for name in listed) and "tokenizers" in listed
+
+
+def test_profile_prints_the_measured_format_choice_and_why(folders, capsys):
+    target, draft = folders
+    code, out, _ = run(capsys, "profile", "--target", str(target), "--draft", str(draft), "--dtype", "auto",
+                       "--draft-dtype", "auto")
+    assert code == 0 and "target format:" in out and "draft format:" in out
+    assert "row-invariant" in out and "v(5)" in out and "never changes the output" in out

@@ -47,7 +47,7 @@ from specdec.costs.calibration import calibrate
 from specdec.costs.profile import measured_profile, save_profile
 from specdec.drafters import Vocabulary, from_spec
 from specdec.lab import breakdown, levers
-from specdec.models.loading import add_model_arguments, load_draft, load_model
+from specdec.models.loading import LoadedModel, add_model_arguments, format_choice, load_draft, load_model
 from specdec.models.random_weights import load_random
 
 ALPHAS = (0.6, 0.8, 0.9)  # acceptance rates the predicted speedup is printed for
@@ -103,6 +103,7 @@ def run(args) -> int:
     curve = measured[0].target
     source = "measured now" if any(c.measured_now for c in measured) else "cached; --recalibrate measures again"
     print(f"{target.name} ({target.dtype}, {target.device}, {torch.get_num_threads()} threads){weights}, {source}")
+    _print_formats(args, drafts)
     print(f"one-token target step: {curve.step_s * 1000:.1f} ms")
     print("n new tokens | ms   | v(n)")
     for n, v in enumerate(curve.verify, start=1):
@@ -121,6 +122,18 @@ def run(args) -> int:
         save_profile(profile, args.save)
         print(f"wrote the cost profile of {profile.label} to {args.save}")
     return 0
+
+
+def _print_formats(args, drafts: dict) -> None:
+    """Where a format was chosen by measurement (--dtype / --draft-dtype auto): the choice, every candidate's
+    timings and why."""
+    if args.random_weights:
+        return
+    if args.dtype == "auto" and args.quant == "none":
+        print(format_choice(args.target, "target").describe())
+    for spec, draft in drafts.items():
+        if args.draft_dtype == "auto" and isinstance(draft, LoadedModel):
+            print(format_choice(spec, "draft").describe())
 
 
 def _draft(spec: str, target, dtype: str, random_weights: bool):
