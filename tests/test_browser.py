@@ -44,8 +44,9 @@ def test_browser_step_through_shows_the_engines_rounds_one_by_one(app_server, tm
         choose_k(page, 3)
         shown = run_step(page, TIMEOUT_MS, rounds=3)
         text = run_position(page, TIMEOUT_MS, 2, 1)
-    engine = speculative_generate(load_model(paths["target"]), load_model(paths["draft"]), next(iter(PROMPTS.values())),
-                                  k=3, max_new_tokens=24)
+    int8 = dict(dtype="int8")  # the server's one format (SPECDEC_DTYPE in the app_server fixture)
+    engine = speculative_generate(load_model(paths["target"], **int8), load_model(paths["draft"], **int8),
+                                  next(iter(PROMPTS.values())), k=3, max_new_tokens=24)
     for index, (view, r) in enumerate(zip(shown, engine.rounds), start=1):
         assert view["round"] == index and view["accepted"] == r.num_accepted and view["target"] == r.target_token_id
         assert view["drafts"] == r.draft_token_ids and view["top1"] == [row[0] for row in r.target_top_ids]
