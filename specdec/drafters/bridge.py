@@ -15,11 +15,8 @@ Pass either as the `draft` of `specdec.speculative_generate`, or name it through
 """
 from __future__ import annotations
 
-import torch
-
 from specdec.core.drafter import ModelDrafter, Proposal, SamplingPolicy
 from specdec.core.inputs import unwrap, vocab_size
-from specdec.core.kv import CachedLM
 from specdec.core.timing import Timer
 from specdec.drafters.tokenizers import decode_text
 
@@ -27,7 +24,7 @@ EXTRA_DRAFT_TOKENS = 2  # draft tokens generated beyond n per round, so the n-th
 ANCHOR_TOKENS = 4  # context tokens decoded with a continuation, so its leading space/merge is read in context
 
 
-class TextBridgeDrafter:
+class TextBridgeDrafter(ModelDrafter):
     """A draft model with its own tokenizer, proposing target tokens through text.
 
     Each round: (1) decode the target context to text and tokenise it with the draft tokenizer; the draft's
@@ -42,22 +39,15 @@ class TextBridgeDrafter:
         model, draft_tokenizer = unwrap(draft_loaded, draft_tokenizer)
         if draft_tokenizer is None or target_tokenizer is None:
             raise ValueError("the text bridge needs both tokenizers: pass a LoadedModel or draft_tokenizer=...")
-        self.lm = CachedLM(model)
+        super().__init__(model)
         self.target_tokenizer = target_tokenizer
         self.draft_tokenizer = draft_tokenizer
         self.draft_vocab = len(draft_tokenizer)  # ids beyond the tokenizer are padding rows: never proposed
         self.draft_eos = {draft_tokenizer.eos_token_id} - {None}
         self.empty_context = [draft_tokenizer.bos_token_id or draft_tokenizer.eos_token_id or 0]  # for "" text
 
-    cost_key = "TextBridgeDrafter"  # the draft model's forwards plus the re-tokenisation of each round
-
-    @property
-    def forwards(self) -> int:
-        return self.lm.forwards
-
-    @property
-    def model(self) -> torch.nn.Module:
-        return self.lm.model
+    # forwards, model, cost_key ("TextBridgeDrafter": the draft's forwards plus each round's re-tokenisation): a
+    # ModelDrafter's; prefill and propose go through text
 
     def prefill(self, prompt_ids: list[int]) -> float:
         return self.lm.prefill(self._draft_context(prompt_ids))
