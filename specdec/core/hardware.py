@@ -1,4 +1,4 @@
-"""What a measurement ran on: CPU model and vector features, threads, GPU, torch, and the code that measured it.
+"""What a measurement ran on: CPU model and feature flags, threads, GPU, torch, and the code that measured it.
 One description, used by every cache key and every report that says where a number comes from."""
 from __future__ import annotations
 
@@ -10,10 +10,6 @@ from pathlib import Path
 import torch
 
 REPOSITORY = Path(__file__).resolve().parents[2]  # the checkout this package runs from (its code version)
-
-VECTOR_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16",
-                "amx_tile", "amx_bf16", "amx_int8", "neon", "asimd", "sve")  # the flags reports show
-
 
 @functools.cache
 def cpu() -> dict:
@@ -32,12 +28,6 @@ def cpu() -> dict:
     return {"model": model, "flags": flags}
 
 
-def vector_features() -> list[str]:
-    """The CPU's vector features among VECTOR_FLAGS, for reports (never to choose a path: that is measured)."""
-    have = set(cpu()["flags"])
-    return [flag for flag in VECTOR_FLAGS if flag in have]
-
-
 def gpu(device: str = "cuda") -> str | None:
     """The GPU's name, or None without CUDA."""
     return torch.cuda.get_device_name(torch.device(device)) if torch.cuda.is_available() else None
@@ -50,13 +40,6 @@ def describe(device: str = "cpu") -> dict:
     if device != "cpu":
         about["gpu"] = gpu(device)
     return about
-
-
-def summary(device: str = "cpu") -> str:
-    """One line: the CPU model, its vector features, threads (and the GPU on a GPU device)."""
-    line = f"{cpu()['model']} ({', '.join(vector_features()) or 'no listed vector features'}), " \
-           f"{torch.get_num_threads()} threads"
-    return f"{gpu(device)} on {line}" if device != "cpu" and gpu(device) else line
 
 
 def label(description: dict) -> str:
