@@ -230,14 +230,19 @@ def test_k_auto_prices_verification_with_the_calibrated_curve():
     assert best_steep < controllers["flat"].next_k()
 
 
+def ks_chosen_when_nothing_passes(rounds: int) -> list[int]:
+    """The k a fresh controller picks over `rounds` rounds in which no draft passes and each costs 0.3 steps."""
+    from specdec.core.schedule import AdaptiveK
+    controller, chosen = AdaptiveK(), []
+    for _ in range(rounds):
+        chosen.append(controller.next_k())
+        controller.observe(synthetic_round(chosen[-1], 0, draft_time=0.3 * chosen[-1], target_time=1.0))
+    return chosen
+
+
 def test_k_auto_falls_back_to_plain_steps_and_probes_again():
-    from specdec.core.schedule import PROBE_AFTER, AdaptiveK
-    controller = AdaptiveK()
-    chosen = []
-    for _ in range(3 * PROBE_AFTER):
-        k = controller.next_k()
-        chosen.append(k)
-        controller.observe(synthetic_round(k, 0, draft_time=0.3 * k, target_time=1.0))
+    from specdec.core.schedule import PROBE_AFTER
+    chosen = ks_chosen_when_nothing_passes(3 * PROBE_AFTER)
     assert chosen.count(0) >= 2 * PROBE_AFTER - 2
     assert 1 in chosen[PROBE_AFTER:]  # a probe after a stretch of k = 0
 
@@ -282,13 +287,8 @@ def test_k_auto_counts_the_overhead_of_rounds_and_keeps_a_margin():
 
 
 def test_k_auto_probes_less_often_while_probes_do_not_pay():
-    from specdec.core.schedule import PROBE_AFTER, AdaptiveK
-    controller = AdaptiveK()
-    chosen = []
-    for _ in range(12 * PROBE_AFTER):
-        k = controller.next_k()
-        chosen.append(k)
-        controller.observe(synthetic_round(k, 0, draft_time=0.3 * k, target_time=1.0))
+    from specdec.core.schedule import PROBE_AFTER
+    chosen = ks_chosen_when_nothing_passes(12 * PROBE_AFTER)
     probes = [i for i, k in enumerate(chosen) if k == 1 and i > 0]
     gaps = [b - a for a, b in zip(probes, probes[1:])]
     assert len(probes) >= 3 and all(later > earlier for earlier, later in zip(gaps, gaps[1:]))
