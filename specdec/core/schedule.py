@@ -15,9 +15,13 @@ token costs besides its forward (choosing it, its distribution), base = what a r
 (verification rule, logits); v(n) is the calibrated curve's shape (`specdec.costs.calibration`; v = 1 without
 one). Before a price is measured the calibration's is used (step_s, c·step_s), else Leviathan's (v = 1, c = 0).
 k = 0 (a plain target step: step + base for one token, the target alone's price) is chosen unless some k is
-predicted to beat it by MARGIN; after PROBE_AFTER rounds at k = 0 the controller drafts one token to look
-again, and waits twice as long after each probe that did not bring drafting back (a probe also pays the draft's
-catch-up over every token it missed). Until a round has been observed, k = K_AUTO_START.
+predicted to beat it by MARGIN. At k = 0 the controller drafts one token to look again (a probe) once the plain
+steps since it last drafted have cost 1/EXPLORE times the probe's predicted price: the draft's catch-up over every
+token it missed, one forward of m tokens priced draft·v(m) (v's shape stands in for the draft's own), plus what a
+round with one draft costs over a plain one. So looking again never costs more than EXPLORE of the time spent at
+k = 0, and a draft left behind for long is looked at less often, as its catch-up grows; yet never more than
+LOOK_AFTER_MAX plain steps pass without a look (a catch-up that grows faster than the budget would otherwise end
+the looking for good). Until a round has been observed, k = K_AUTO_START.
 """
 from __future__ import annotations
 
@@ -30,8 +34,8 @@ from specdec.core.trace import Round
 
 DECAY = 0.9  # weight of the past per round: about the last 10 rounds decide
 PRIOR_ROUNDS = 1.0  # pseudo-rounds at the pooled acceptance rate added to every position
-PROBE_AFTER = 8  # rounds of k = 0 before one probe with k = 1; doubled after each probe that did not pay
-PROBE_AFTER_MAX = 64  # the longest stretch of k = 0 between probes
+EXPLORE = 0.02  # probes at k = 0 may cost at most this share of the time spent in plain steps
+LOOK_AFTER_MAX = 128  # ... yet at most this many plain steps pass between two looks
 MARGIN = 0.05  # drafting must be predicted this much faster than a plain step to be chosen (noise, misprediction)
 
 
@@ -79,8 +83,8 @@ class AdaptiveK:
         self.k_max = k_max
         self.reached = [0.0] * k_max  # decayed count of rounds that reached draft position i
         self.accepted = [0.0] * k_max  # decayed count of rounds that accepted it
-        self.rounds_at_zero = 0  # consecutive rounds the controller chose k = 0
-        self.probe_after = PROBE_AFTER  # rounds of k = 0 before the next probe
+        self.plain_s = 0.0  # seconds of plain steps (k = 0) since the draft last drafted
+        self.missed = 0  # tokens emitted since the draft last drafted: its catch-up at the next probe
         self.prices = RoundPrices()
         self.observed = 0
 
@@ -92,13 +96,14 @@ class AdaptiveK:
         if speeds[best] < speeds[0] * (1.0 + MARGIN):
             best = 0
         if best > 0:
-            self.rounds_at_zero, self.probe_after = 0, PROBE_AFTER
             return best
-        self.rounds_at_zero += 1
-        if self.rounds_at_zero > self.probe_after:
-            self.rounds_at_zero, self.probe_after = 0, min(2 * self.probe_after, PROBE_AFTER_MAX)
-            return 1
-        return 0
+        return 1 if self.missed >= LOOK_AFTER_MAX or self.plain_s * EXPLORE >= self.probe_price() else 0
+
+    def probe_price(self) -> float:
+        """Predicted seconds a probe (k = 1) costs over a plain step: the draft's catch-up over the `missed` tokens
+        in its one forward (draft·v(missed + 1) instead of draft), and a round of one draft over a plain one."""
+        catch_up = self._price("draft") * (self._v(self.missed + 1) - 1.0)
+        return catch_up + self.round_time(1) - self.round_time(0)
 
     def position_rates(self) -> list[float]:
         """a_i per draft position: decayed accepted / reached, shrunk towards the previous position's a_(i-1).
@@ -122,6 +127,10 @@ class AdaptiveK:
         if drafted:  # a plain step says nothing of the draft: what was learnt is not forgotten meanwhile
             self.reached = [x * DECAY for x in self.reached]
             self.accepted = [x * DECAY for x in self.accepted]
+            self.plain_s, self.missed = 0.0, 0
+        else:
+            self.plain_s += round_.wall_time_s or round_.target_time_s
+            self.missed += 1  # a plain step emits one token
         for i in range(min(drafted, round_.num_accepted + 1, self.k_max)):
             self.reached[i] += 1.0
             self.accepted[i] += i < round_.num_accepted
