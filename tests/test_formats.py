@@ -112,3 +112,20 @@ def test_a_target_format_with_a_fast_step_but_a_costly_verification_does_not_win
     monkeypatch.setattr(formats, "time_formats", lambda config, candidates, **kw: [
         t if t.format != "int4" else FormatTiming("int4", 0.12, 0.14) for t in timings if t.format in candidates])
     assert formats.choose_format(tiny_config("qwen2"), "target", recalibrate=True).chosen == "int4"
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def test_a_shallow_view_runs_the_first_layers_of_the_deep_model_and_shares_its_weights(family):
+    """The calibration times its shallower depth on a view of the deeper model (`formats.at_depth`): the same
+    logits as that model with its later layers cut off, and not one weight copied."""
+    deep = formats.random_model(tiny_config(family, layers=4), 4)
+    view = formats.at_depth(deep, 2)
+    cut = formats.random_model(tiny_config(family, layers=4), 4)
+    del cut.model.layers[2:]
+    cut.config.num_hidden_layers = 2
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9]])
+    with torch.no_grad():
+        assert torch.equal(view(ids).logits, cut(ids).logits)
+        assert not torch.equal(view(ids).logits, deep(ids).logits)
+    assert deep.config.num_hidden_layers == 4 and len(deep.model.layers) == 4  # the deep model is untouched
+    assert {p.data_ptr() for p in view.parameters()} <= {p.data_ptr() for p in deep.parameters()}

@@ -133,38 +133,46 @@ def _choose(role: str, timings: list[FormatTiming], key: str, measured_now: bool
 def time_formats(config, formats, *, device: str = "cpu", repeats: int = REPEATS) -> list[FormatTiming]:
     """Each format's one-token and VERIFY_ROWS-token forward at `config`'s depth, from random-weight models at the
     depths LAYERS (the two depths of a format interleaved by `specdec.core.timing.interleaved`, the fastest of
-    `repeats` kept: noise only adds; one format's models alive at a time, so memory stays that of two shallow
-    models)."""
-    return [_time_format(config, f, device, repeats) for f in formats]
+    `repeats` kept: noise only adds). The random weights are drawn once, at the deeper depth; each format is a copy
+    of them (int8-dynamic: the int8 copy just timed, its rows coupled), and the shallower depth a view of that
+    copy's first layers (`at_depth`), so a format is quantized once and one format's model is alive at a time
+    besides the float32 original."""
+    original, timings, int8 = random_model(config, max(LAYERS), device), [], None
+    for format_ in formats:
+        if format_ == "int8-dynamic" and int8 is not None:
+            model = quant.couple_rows(int8)  # the int8 model just timed, run by fbgemm's dynamic kernel: as to_format
+        else:
+            model = to_format(copy.deepcopy(original).to(_dtype(format_)), format_)
+        int8 = model if format_ == "int8" else None
+        timings.append(_timed(model, config.num_hidden_layers, format_, repeats))
+    return timings
 
 
-def _time_format(config, format_: str, device: str, repeats: int) -> FormatTiming:
-    caches = {layers: primed_cache(build(config, format_, layers, device)) for layers in LAYERS}
+def _timed(deep: torch.nn.Module, depth: int, format_: str, repeats: int) -> FormatTiming:
+    caches = {layers: primed_cache(at_depth(deep, layers)) for layers in LAYERS}
     for lm, base in caches.values():
         forward_seconds(lm, base, 1)  # warm-up
     samples = interleaved({(layers, n): functools.partial(forward_seconds, *caches[layers], n)
                            for layers in LAYERS for n in (1, VERIFY_ROWS)}, repeats)
     fastest = {key: min(values) for key, values in samples.items()}
-    (low, high), depth = LAYERS, config.num_hidden_layers
+    low, high = LAYERS
 
-    def at_depth(n: int) -> float:  # t(L) = t(low) + (L - low) * per_layer
+    def extrapolated(n: int) -> float:  # t(L) = t(low) + (L - low) * per_layer
         per_layer = max(fastest[(high, n)] - fastest[(low, n)], 0.0) / (high - low)
         return fastest[(low, n)] + (depth - low) * per_layer
 
-    return FormatTiming(format_, at_depth(1), at_depth(VERIFY_ROWS))
+    return FormatTiming(format_, extrapolated(1), extrapolated(VERIFY_ROWS))
 
 
 def build(config, format_: str, layers: int, device: str = "cpu") -> torch.nn.Module:
     """A random-weight model of `config`'s architecture with `layers` decoder layers, in `format_`, in eval mode."""
-    shallow = copy.deepcopy(config)
-    shallow.num_hidden_layers = layers
-    for name in ("layer_types", "mlp_only_layers"):  # per-layer lists follow the depth
-        if isinstance(getattr(shallow, name, None), list):
-            values = getattr(shallow, name)
-            setattr(shallow, name, (values * layers)[:layers] if values else values)  # deeper than the model: repeat
-    dtype = torch.bfloat16 if format_ == "bfloat16" else torch.float32
+    return to_format(random_model(config, layers, device).to(_dtype(format_)), format_)
+
+
+def random_model(config, layers: int, device: str = "cpu") -> torch.nn.Module:
+    """A float32 model of `config`'s architecture with `layers` decoder layers and random unit-scale weights."""
     with no_init_weights():  # values are filled below, cheaply: timings depend on shapes, not values
-        model = AutoModelForCausalLM.from_config(shallow, dtype=dtype).eval()
+        model = AutoModelForCausalLM.from_config(_config_at_depth(config, layers), dtype=torch.float32).eval()
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():  # unit-scale activations: tiny weights would decay them to subnormals, slow on a CPU
         for name, parameter in model.named_parameters():
@@ -172,7 +180,32 @@ def build(config, format_: str, layers: int, device: str = "cpu") -> torch.nn.Mo
                 parameter.fill_(0.0 if name.endswith("bias") else 1.0)  # norms 1, biases 0
             else:
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) / parameter.shape[-1] ** 0.5)
-    return to_format(model.to(device), format_)
+    return model.to(device)
+
+
+def at_depth(model: torch.nn.Module, layers: int) -> torch.nn.Module:
+    """A view of `model` that runs only its first `layers` decoder layers: the same modules (weights shared, nothing
+    copied), with a config of that depth (transformers' decoders run `layers[:num_hidden_layers]`, and a cache
+    made from the view's config has that many layers)."""
+    view, inner = copy.copy(model), copy.copy(model.base_model)
+    view._modules, inner._modules = dict(model._modules), dict(model.base_model._modules)
+    setattr(view, model.base_model_prefix, inner)
+    view.config = inner.config = _config_at_depth(model.config, layers)
+    return view
+
+
+def _config_at_depth(config, layers: int):
+    shallow = copy.deepcopy(config)
+    shallow.num_hidden_layers = layers
+    for name in ("layer_types", "mlp_only_layers"):  # per-layer lists follow the depth
+        if isinstance(getattr(shallow, name, None), list):
+            values = getattr(shallow, name)
+            setattr(shallow, name, (values * layers)[:layers] if values else values)  # deeper than the model: repeat
+    return shallow
+
+
+def _dtype(format_: str) -> torch.dtype:
+    return torch.bfloat16 if format_ == "bfloat16" else torch.float32
 
 
 def to_format(model: torch.nn.Module, format_: str) -> torch.nn.Module:
