@@ -1,5 +1,6 @@
 """What a measurement ran on: CPU model and feature flags, threads, GPU, torch, and the code that measured it.
-One description, used by every cache key and every report that says where a number comes from."""
+One description, used by every cache key and every report that says where a number comes from; `features()` and
+`kernel_level()` name the CPU's vector features for reports (a path is chosen by measurement, never by them)."""
 from __future__ import annotations
 
 import functools
@@ -10,6 +11,9 @@ from pathlib import Path
 import torch
 
 REPOSITORY = Path(__file__).resolve().parents[2]  # the checkout this package runs from (its code version)
+VECTOR_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16",
+                "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "neon", "asimd", "sve")  # the flags reports show
+
 
 @functools.cache
 def cpu() -> dict:
@@ -26,6 +30,17 @@ def cpu() -> dict:
         elif name.strip() in ("flags", "Features") and not flags:
             flags = sorted(set(value.split()))
     return {"model": model, "flags": flags}
+
+
+def features() -> list[str]:
+    """The CPU's vector features among VECTOR_FLAGS, in that order, as the OS lists them (/proc/cpuinfo)."""
+    have = set(cpu()["flags"])
+    return [flag for flag in VECTOR_FLAGS if flag in have]
+
+
+def kernel_level() -> str:
+    """The CPU kernels torch dispatches to, as torch reports them: "AVX512", "AVX2", "DEFAULT", ..."""
+    return torch.backends.cpu.get_cpu_capability()
 
 
 def gpu(device: str = "cuda") -> str | None:
