@@ -68,6 +68,18 @@ def test_a_choice_is_cached_per_machine_kernel_path_and_shape_and_measured_again
     assert len(measured) == 5
 
 
+def test_a_cached_choice_is_read_without_measuring(measured):
+    config = tiny_config("llama")
+    assert formats.cached_choice(config, "draft") is None and measured == []  # nothing cached: nothing timed
+    chosen = formats.choose_format(config, "draft")
+    cached = formats.cached_choice(config, "draft")
+    assert len(measured) == 1 and not cached.measured_now
+    assert (cached.chosen, cached.timings, cached.key) == (chosen.chosen, chosen.timings, chosen.key)
+    assert formats.cached_choice(config, "target").chosen == "int8" and len(measured) == 1
+    with pytest.raises(ValueError, match="role must be one of target, draft"):
+        formats.cached_choice(config, "teacher")
+
+
 def test_every_format_is_timed_on_the_architecture_with_random_weights():
     timings = formats.time_formats(tiny_config("qwen2", hidden=32, layers=6), formats.FORMATS, repeats=2)
     assert [t.format for t in timings] == list(formats.FORMATS)

@@ -83,10 +83,14 @@ class FormatChoice:
     key: str  # what was measured: hardware, torch, kernel path, shapes, candidates
     measured_now: bool = field(default=False)  # False when read from the cache
 
+    def ranked(self) -> list[FormatTiming]:
+        """The candidates' timings, fastest (step plus a 5-token forward) first."""
+        return sorted(self.timings, key=lambda t: t.score_s)
+
     def describe(self) -> str:
         """One line per candidate, fastest (step plus a 5-token forward) first, the chosen one marked."""
         lines = [f"{self.role} format: {self.chosen} ({self.reason})"]
-        for t in sorted(self.timings, key=lambda t: t.score_s):
+        for t in self.ranked():
             mark = "*" if t.format == self.chosen else " "
             lines.append(f" {mark} {t.format:<13} step {t.step_s * 1e3:7.1f} ms   v({VERIFY_ROWS}) {t.verify_steps:4.2f}"
                          f"{'   row-invariant' if t.format in ROW_INVARIANT else ''}")
@@ -104,16 +108,36 @@ def candidates(device: str = "cpu") -> tuple[str, ...]:
 def choose_format(config, role: str, *, device: str = "cpu", recalibrate: bool = False,
                   cache_dir: str | Path | None = None, repeats: int = REPEATS) -> FormatChoice:
     """The fastest format for `role` of a model with this transformers `config`, on this machine (see module doc)."""
-    if role not in ROLES:
-        raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+    _check_role(role)
     formats = candidates(device)
-    key = _key(config, formats, device)
-    folder = Path(cache_dir) if cache_dir is not None else cache.root() / "costs"
-    stored = None if recalibrate else _read(folder / f"formats-{key}.json")
+    key, path = _stored(config, device, cache_dir)
+    stored = None if recalibrate else _read(path)
     timings = stored if stored is not None else time_formats(config, formats, device=device, repeats=repeats)
     if stored is None:
-        files.write_text(folder / f"formats-{key}.json", json.dumps([asdict(t) for t in timings]))
+        files.write_text(path, json.dumps([asdict(t) for t in timings]))
     return _choose(role, timings, key, measured_now=stored is None)
+
+
+def cached_choice(config, role: str, *, device: str = "cpu",
+                  cache_dir: str | Path | None = None) -> FormatChoice | None:
+    """The choice `choose_format` returns from its cache, or None where this machine has not measured the
+    architecture yet: it never measures."""
+    _check_role(role)
+    key, path = _stored(config, device, cache_dir)
+    timings = _read(path)
+    return None if timings is None else _choose(role, timings, key, measured_now=False)
+
+
+def _check_role(role: str) -> None:
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
+
+
+def _stored(config, device: str, cache_dir: str | Path | None) -> tuple[str, Path]:
+    """(key, cache file) of `config`'s timings on `device`."""
+    key = _key(config, candidates(device), device)
+    folder = Path(cache_dir) if cache_dir is not None else cache.root() / "costs"
+    return key, folder / f"formats-{key}.json"
 
 
 def _choose(role: str, timings: list[FormatTiming], key: str, measured_now: bool) -> FormatChoice:
