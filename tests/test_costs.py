@@ -8,7 +8,7 @@ from specdec import autoregressive_generate, speculative_generate
 from specdec.core import theory
 from specdec.core.costmodel import CostModel, TargetCosts, assumed_costs
 from specdec.core.trace import GenerationResult, ROUNDING_NOISE, Round, explain_divergence
-from specdec.costs.calibration import calibrate
+from specdec.costs.calibration import cached_costs, calibrate
 from specdec.testing import perturbed_copy, tiny_model
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12]
@@ -41,6 +41,15 @@ def test_calibration_is_measured_once_then_cached_and_recalibrated_on_request(pa
     assert calibrate(target, draft, n_max=4, repeats=1, cache_dir=tmp_path, recalibrate=True).measured_now
     lookup = calibrate(target, None, n_max=4, repeats=1, cache_dir=tmp_path)
     assert lookup.draft_key != first.draft_key  # another draft: its own cost entry
+
+
+def test_cached_costs_are_read_without_measuring(pair, tmp_path):
+    target, draft = pair
+    assert cached_costs(target, draft, n_max=3, repeats=1, cache_dir=tmp_path) is None
+    measured = calibrate(target, draft, n_max=3, repeats=1, cache_dir=tmp_path)
+    cached = cached_costs(target, draft, n_max=3, repeats=1, cache_dir=tmp_path)
+    assert cached.to_dict() == measured.to_dict() | {"measured_now": False}
+    assert cached_costs(target, None, n_max=3, repeats=1, cache_dir=tmp_path) is None  # no draft: its own entry
 
 
 class Wrapping:

@@ -12,7 +12,7 @@ dtype's kernels). `calibrate` measures, for the loaded pair, dtype and thread co
 and `CostModel.predicted_speedup(alpha, k)` = E[tokens per round] / (v(k+1) + k*c)
 (`specdec.core.theory.predicted_speedup`). Results are cached as JSON under `$SPECDEC_CACHE/costs/`, one file
 per target (v) and one per (target, draft) pair (c), keyed by model identity, dtype, threads and
-machine; `recalibrate=True` measures again.
+machine; `recalibrate=True` measures again, and `cached_costs` reads the cache alone (None where nothing is).
 """
 from __future__ import annotations
 
@@ -51,11 +51,7 @@ def calibrate(target, draft=None, *, n_max: int = N_MAX, repeats: int = REPEATS,
     (n_max + 1) * repeats target forwards plus a few draft forwards, `budget` checked before each
     (BudgetExceeded: nothing is stored, the next call measures again).
     """
-    target_model, _ = unwrap(target, None)
-    drafter = NoDraft() if draft is None else as_drafter(draft, target_model)
-    folder = Path(cache_dir) if cache_dir is not None else _default_cache_dir()
-    target_key = _key("target", METHOD, _identity(target), n_max, repeats)
-    draft_key = _key("draft", target_key, _drafter_identity(drafter))
+    target_model, drafter, folder, target_key, draft_key = _entries(target, draft, n_max, repeats, cache_dir)
     cached = _cached(folder, target_key, recalibrate)
     fresh = cached is None
     if fresh:
@@ -76,6 +72,26 @@ def calibrate(target, draft=None, *, n_max: int = N_MAX, repeats: int = REPEATS,
     if draft_model is not None:
         set_rows_first(draft_model, stored.get("rows_first", ()))  # its catch-up forward reads 2 tokens
     return CostModel(target_costs, stored["draft_cost"], draft_key, fresh)
+
+
+def cached_costs(target, draft=None, *, n_max: int = N_MAX, repeats: int = REPEATS,
+                 cache_dir: str | Path | None = None) -> CostModel | None:
+    """The CostModel `calibrate` returns from its cache, or None where this machine has not measured the pair yet:
+    it never measures, and leaves the models as they are."""
+    _, _, folder, target_key, draft_key = _entries(target, draft, n_max, repeats, cache_dir)
+    curve, draft_costs = _cached(folder, target_key, False), _cached(folder, draft_key, False)
+    if curve is None or draft_costs is None:
+        return None
+    return CostModel(TargetCosts(**curve), draft_costs["draft_cost"], draft_key)
+
+
+def _entries(target, draft, n_max: int, repeats: int, cache_dir) -> tuple:
+    """(target model, drafter, cache folder, target key, draft key) of a calibration."""
+    target_model, _ = unwrap(target, None)
+    drafter = NoDraft() if draft is None else as_drafter(draft, target_model)
+    folder = Path(cache_dir) if cache_dir is not None else _default_cache_dir()
+    target_key = _key("target", METHOD, _identity(target), n_max, repeats)
+    return target_model, drafter, folder, target_key, _key("draft", target_key, _drafter_identity(drafter))
 
 
 def _own_model(drafter: Drafter, target_model: torch.nn.Module) -> torch.nn.Module | None:
