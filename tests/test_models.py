@@ -13,6 +13,7 @@ from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters import Vocabulary
 from specdec.models import (LoadedModel, ModelPool, add_model_arguments, cache, catalogue, check_pair, hub, load_draft,
                             load_model, transpose_head_storage)
+from specdec.models.pool import NotLoaded
 from specdec.testing import WORDS, tiny_folder, tiny_model, tiny_tokenizer
 
 @pytest.fixture(autouse=True)
@@ -183,6 +184,21 @@ def test_pool_evicts_least_recently_used_over_budget():
     pool.budget_bytes = 0
     pool.get("d")  # alone over budget: kept
     assert [m.name for m in pool.loaded()] == ["d"]
+
+
+def test_pool_held_only_returns_a_model_in_memory_and_loads_nothing():
+    calls = []
+    pool = ModelPool(budget_bytes=10**9, loader=lambda spec, **kw: calls.append(spec) or loaded(
+        tiny_model("llama", 0, vocab_size=64), None, spec))
+    with pytest.raises(NotLoaded, match="a is not in memory as a target"):
+        pool.get("a", held_only=True)
+    a = pool.get("a")
+    pool.get("b", dtype="bfloat16", role="draft")
+    assert pool.get("a", held_only=True) is a and calls == ["a", "b"]
+    assert [m.name for m in pool.loaded()] == ["a", "b"]  # a look keeps the least-recently-used order
+    assert [(h.spec, h.dtype, h.role) for h in pool.held()] == [("a", "auto", "target"), ("b", "bfloat16", "draft")]
+    with pytest.raises(NotLoaded):
+        pool.get("a", role="draft", held_only=True)  # held as a target only
 
 
 def test_pool_and_engine_on_tiny_folders(tmp_path):

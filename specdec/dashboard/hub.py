@@ -160,6 +160,13 @@ class ModelHub:
         target = self.target(target_name, progress, budget)
         return target, self.draft(draft_name, target, bridge=bridge, progress=progress, budget=budget)
 
+    def loaded_pair(self, target_name: str, draft_name: str, bridge: str = "auto"):
+        """(target, draft) as `pair` returns them, from the models in memory only: nothing is loaded
+        (`specdec.models.pool.NotLoaded` when one is not there)."""
+        target = self.pool.get(self.check(target_name, "target"), dtype=self.config.dtype, held_only=True)
+        return target, self.pool.draft(self.check(draft_name, "draft"), target, dtype=self.config.dtype,
+                                       bridge=Vocabulary.of(bridge), held_only=True)
+
     def memory(self) -> str:
         """One status line: the models held and the memory budget they share."""
         return self.pool.describe()

@@ -312,15 +312,14 @@ def add_model_arguments(parser, *, target_default: str | None = None) -> None:
 
 
 def load_draft(spec: str, target: LoadedModel, *, dtype="auto", bridge: Vocabulary | str = Vocabulary.AUTO,
-               device: str = "auto", pool=None, progress: Progress | None = None):
+               device: str = "auto", load=load_model, progress: Progress | None = None):
     """A draft for `target` by `specdec.drafters.from_spec`: "lookup", "self:L", "MODEL+lookup" or a model.
 
-    A model draft loads with `load_model` (or through `pool`, a ModelPool) in `dtype`, apart from the target's:
+    A model draft loads with `load` (`load_model`, or a ModelPool's `get`) in `dtype`, apart from the target's:
     "auto" = the fastest format measured here for a draft (`resolve_dtype`, role "draft"). bridge: how a model
     draft meets the target's ids, a `specdec.drafters.Vocabulary`.
     """
     vocabulary = Vocabulary.of(bridge, "bridge")
-    load = pool.get if pool is not None else load_model
     return from_spec(spec, target, load=lambda name: load(name, dtype=dtype, device=device, progress=progress,
                                                           role="draft"),
                      vocabulary=vocabulary)

@@ -13,6 +13,7 @@ estimate meanwhile).
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -20,6 +21,7 @@ import struct
 import threading
 from collections import OrderedDict
 from pathlib import Path
+from typing import NamedTuple
 
 from specdec.models import entries
 from specdec.models.loading import LoadedModel, load_draft, load_model, resolve_device, resolve_dtype
@@ -83,6 +85,19 @@ def _tensor_elements(path: Path) -> int:
     return sum(math.prod(t["shape"]) for name, t in header.items() if name != "__metadata__")
 
 
+class NotLoaded(LookupError):
+    """A model asked for from memory only (`ModelPool.get(..., held_only=True)`) that is not there."""
+
+
+class Held(NamedTuple):
+    """A model in the pool and what it was asked for."""
+
+    spec: str  # the name it is held under (`pool_key`)
+    dtype: str  # the format asked for: "auto" (measured fastest here for its role at load) or one of FORMATS
+    role: str  # "target", "draft" or "train": the role "auto" chose its format for
+    model: LoadedModel
+
+
 def _gb(size: int) -> str:
     return f"{size / 2**30:.1f} GB"
 
@@ -100,13 +115,20 @@ class ModelPool:
         self._reserved: dict[tuple, int] = {}  # estimates of the loads in progress
 
     def get(self, spec: str, *, dtype="auto", device: str = "auto", trust_remote_code: bool = False,
-            progress=None, role: str = "target") -> LoadedModel:
-        """The model for `spec`, loaded on first use (dtype "auto": the format measured fastest here for `role`)."""
+            progress=None, role: str = "target", held_only: bool = False) -> LoadedModel:
+        """The model for `spec`, loaded on first use (dtype "auto": the format measured fastest here for `role`).
+        `held_only`: only a model in memory already, its place in the least-recently-used order kept; NotLoaded
+        otherwise."""
         if not isinstance(spec, str) or not spec.strip():
             raise ValueError(f"a model spec must be a non-empty string, got {spec!r}")
         device = resolve_device(device)
         dtype = dtype if dtype == "auto" else resolve_dtype(dtype, device)  # auto: measured at the first load
         key = (pool_key(spec), dtype, role, device, trust_remote_code)
+        if held_only:
+            with self._lock:
+                if key not in self._models:
+                    raise NotLoaded(f"{key[0]} is not in memory as a {role}")
+                return self._models[key]
         with self._lock:
             key_lock = self._key_locks.setdefault(key, threading.Lock())
         with key_lock:
@@ -126,15 +148,20 @@ class ModelPool:
                 self._evict(keep=key)
             return loaded
 
-    def draft(self, spec: str, target: LoadedModel, *, dtype="auto", bridge="auto", progress=None):
-        """`load_draft` through this pool."""
-        return load_draft(spec, target, dtype=dtype, bridge=bridge, device=target.device, pool=self,
-                          progress=progress)
+    def draft(self, spec: str, target: LoadedModel, *, dtype="auto", bridge="auto", progress=None,
+              held_only: bool = False):
+        """`load_draft` through this pool (`held_only`: from models in memory only, as in `get`)."""
+        return load_draft(spec, target, dtype=dtype, bridge=bridge, device=target.device,
+                          load=functools.partial(self.get, held_only=held_only), progress=progress)
 
     def loaded(self) -> list[LoadedModel]:
         """Held models, least recently used first."""
+        return [held.model for held in self.held()]
+
+    def held(self) -> list[Held]:
+        """Held models with what each was asked for, least recently used first."""
         with self._lock:
-            return list(self._models.values())
+            return [Held(spec, dtype, role, model) for (spec, dtype, role, *_), model in self._models.items()]
 
     @property
     def used_bytes(self) -> int:
