@@ -1,7 +1,7 @@
 """Drive the dashboard in headless Chromium: run each tab, wait for its results, save screenshots.
 
 Used by tests/test_browser.py and to make the screenshots in docs/:
-    cd tests && python -m screenshots http://127.0.0.1:7860 ../docs/screenshots [live,compare,theory]
+    cd tests && python -m screenshots http://127.0.0.1:7860 ../docs/screenshots [live,compare,theory,hardware]
     cd tests && python -m screenshots http://127.0.0.1:7860 ../docs/screenshots teach  # step-through, position, waterfall
     cd tests && python -m screenshots http://127.0.0.1:7860 ../docs aligned  # prepare, distil, compare-aligned.png
     cd tests && python -m screenshots http://127.0.0.1:7860 ../docs compare:NAME "PROMPT"  # compare tab as is, NAME.png
@@ -70,6 +70,15 @@ def run_theory(page, timeout_ms: int, k_max: int = 4) -> None:
     page.click("#sweep-run")
     wait_for_text(page, "#sweep-status", "done", timeout_ms)
     page.wait_for_selector("#theory-plot .main-svg", timeout=timeout_ms)
+
+
+def run_hardware(page, timeout_ms: int) -> None:
+    """Open the Hardware tab and press Measure: the live tab's pair loaded and calibrated (or read back)."""
+    open_tab(page, "Hardware")
+    wait_for_text(page, "#hardware-device", "vector features", timeout_ms)  # opening the tab reads, nothing else
+    page.click("#hardware-measure")
+    wait_for_text(page, "#hardware-costs", "one-token target step", timeout_ms)
+    wait_for_text(page, "#hardware-curve", "v(n)", timeout_ms)
 
 
 STEP_READ = """e => ({round: +e.dataset.round, accepted: +e.dataset.accepted, target: +e.dataset.targetToken,
@@ -171,7 +180,7 @@ def screenshots(url: str, out_dir: str | Path, tabs: tuple[str, ...] = ("live", 
     out_dir.mkdir(parents=True, exist_ok=True)
     saved = []
     with page_at(url) as page:
-        runs = {"live": run_live, "compare": run_compare, "theory": run_theory}
+        runs = {"live": run_live, "compare": run_compare, "theory": run_theory, "hardware": run_hardware}
         for name in tabs:
             runs[name](page, timeout_ms)
             path = out_dir / f"{name}.png"

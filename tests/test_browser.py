@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from test_app_server import app_server  # noqa: F401 - the served app fixture
-from screenshots import CHROMIUM, choose_k, page_at, run_live, run_position, run_step
+from screenshots import CHROMIUM, choose_k, page_at, run_hardware, run_live, run_position, run_step
 
 # skipped on a developer machine without chromium; in CI (CI=true) a missing browser is a failure
 pytestmark = pytest.mark.skipif(shutil.which(CHROMIUM) is None and not os.environ.get("CI"),
@@ -52,3 +52,12 @@ def test_browser_step_through_shows_the_engines_rounds_one_by_one(app_server, tm
         assert view["drafts"] == r.draft_token_ids and view["top1"] == [row[0] for row in r.target_top_ids]
         assert view["p_draft"] == pytest.approx(r.draft_probs, abs=1e-5)
     assert "Round 2, position 1" in text and "Greedy" in text
+
+
+def test_browser_hardware_tab_shows_the_machine_and_measures_the_pair(app_server):  # noqa: F811
+    url, _ = app_server
+    with page_at(url) as page:
+        run_hardware(page, TIMEOUT_MS)
+        assert "vector features" in page.locator("#hardware-device").inner_text()
+        assert "asked for (int8)" in page.locator("#hardware-models").inner_text()  # the server's one format
+        assert "c = " in page.locator("#hardware-costs").inner_text()

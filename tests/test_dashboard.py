@@ -11,12 +11,12 @@ import pytest
 from specdec.dashboard import events, layout
 from specdec.dashboard.config import AppConfig
 from specdec.dashboard.hub import ModelHub
-from specdec.dashboard.tabs import compare, live, step, theory
+from specdec.dashboard.tabs import compare, hardware, live, step, theory
 from specdec.models import ModelPool
 
 CONFIG = AppConfig(time_limit_s=90)
 MODEL_WORK = {"live_decode", "step_start", "step_next", "show_position", "compare", "prepare_aligned",
-              "start_distill", "k_sweep", "speculate"}  # handlers that load or run a model
+              "start_distill", "k_sweep", "measure_costs", "speculate"}  # handlers that load or run a model
 
 
 def name(fn) -> str:
@@ -44,7 +44,8 @@ def test_model_work_shares_the_decode_slot(demo):
 def test_each_tab_module_lays_out_and_wires_its_tab():
     assembly = inspect.getsource(layout.build_demo)
     assert "gr.Tab(" not in assembly and ".click" not in assembly  # the tabs' own modules do both
-    for module, tab in ((live, "Live decode"), (compare, "Aligned vs unaligned"), (theory, "Theory vs measurement")):
+    for module, tab in ((live, "Live decode"), (compare, "Aligned vs unaligned"), (theory, "Theory vs measurement"),
+                        (hardware, "Hardware")):
         source = inspect.getsource(module.build)
         assert f'gr.Tab("{tab}"' in source and "private(" in source
     assert "private(" in inspect.getsource(step.build)
@@ -73,5 +74,14 @@ def test_with_spaces_each_decode_runs_under_one_lease_that_covers_its_baseline(m
 
     monkeypatch.setattr(events, "spaces", SimpleNamespace(GPU=gpu))
     layout.build_demo(CONFIG, ModelHub(CONFIG, pool=ModelPool()))
-    assert {"live_decode", "compare", "k_sweep", "speculate", "prepare_aligned"} <= set(leased)
+    assert {"live_decode", "compare", "k_sweep", "measure_costs", "speculate", "prepare_aligned"} <= set(leased)
     assert set(leased.values()) == {CONFIG.time_limit_s + events.LOAD_S}  # decode and baseline share the limit
+
+
+def test_the_hardware_tab_reads_on_opening_and_refresh_and_measures_the_live_pair(demo):
+    views = [block for block in demo.fns.values() if name(block.fn) == "hardware_view"]
+    assert len(views) == 2 and all(block.concurrency_id != events.DECODE for block in views)  # reads, never waits
+    measure = next(block for block in demo.fns.values() if name(block.fn) == "measure_costs")
+    assert [c.label for c in measure.inputs] == [c.label for c in views[0].inputs] == ["target model", "draft",
+                                                                                        "draft vocabulary"]
+    assert len(measure.outputs) == len(views[0].outputs) == 6

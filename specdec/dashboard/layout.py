@@ -1,4 +1,4 @@
-"""The dashboard's Blocks: the three tabs (`specdec.dashboard.tabs`, each wiring its own events), then what spans
+"""The dashboard's Blocks: the tabs (`specdec.dashboard.tabs`, each wiring its own events), then what spans
 them: the model lists read again after any model work, and the public API `/speculate`."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from specdec.dashboard.config import AppConfig
 from specdec.dashboard.events import DECODE, on_gpu, private
 from specdec.dashboard.hub import ModelHub
 from specdec.dashboard.panels import CSS as PANELS_CSS
-from specdec.dashboard.tabs import compare, live, step, theory
+from specdec.dashboard.tabs import compare, hardware, live, step, theory
 
 CSS = CHIPS_CSS + PANELS_CSS + step.CSS + compare.CSS
 DELETE_CACHE = (3600, 3600)  # Gradio's copies of the downloads: every hour, those older than an hour are deleted
@@ -34,11 +34,12 @@ def build_demo(config: AppConfig, hub: ModelHub | None = None) -> gr.Blocks:
             live_tab = live.build(config, hub, model_box)
             compare_tab = compare.build(config, hub, demo, model_box, live_tab.settings.draft)
             swept = theory.build(config, hub, live_tab.settings)
+            measured = hardware.build(config, hub, live_tab.settings)
 
         lists = [live_tab.settings.target, live_tab.settings.draft, compare_tab.target, *compare_tab.drafts]
         refresh = partial(handlers.model_choices, hub, len(compare_tab.drafts))  # labels say whether a model is ready
         private(demo.load, refresh, None, lists, queue=False)
-        for finished in (*live_tab.finished, *compare_tab.finished, *swept):
+        for finished in (*live_tab.finished, *compare_tab.finished, *swept, *measured):
             private(finished.then, refresh, None, lists, queue=False)
         api = on_gpu(partial(handlers.speculate, hub), config)
 
