@@ -11,7 +11,7 @@ from specdec import autoregressive_generate, speculative_generate
 from specdec.core.kv import CachedLM
 from specdec.core.trace import ROUNDING_NOISE
 from specdec.models import apply_speed_levers, load_draft, load_model, quant
-from specdec.models.quant import Int8Linear, ROWWISE_ATTENTION, fbgemm_is_exact, quantize_int8, rowwise_attention
+from specdec.models.quant import Int8Embedding, Int8Linear, ROWWISE_ATTENTION, fbgemm_is_exact, quantize_int8, rowwise_attention
 from specdec.testing import perturbed_copy, tiny_config, tiny_folder, tiny_model
 
 ARCHS = ("llama", "qwen2", "gpt2")
@@ -88,7 +88,7 @@ def test_shared_input_slices_equal_separate_layers_bitwise():
 
 
 @pytest.mark.parametrize("tied", [False, True])
-def test_every_linear_becomes_int8_and_a_tied_head_is_untied(tied):
+def test_every_linear_becomes_int8_and_the_embedding_int8_rows_the_tied_heads(tied):
     config = tiny_config("qwen2")
     config.tie_word_embeddings = tied
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
@@ -97,9 +97,15 @@ def test_every_linear_becomes_int8_and_a_tied_head_is_untied(tied):
     assert (model.get_output_embeddings().weight is model.get_input_embeddings().weight) == tied
     quantize_int8(model)
     assert not [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    head = model.get_output_embeddings()
+    head, lookup = model.get_output_embeddings(), model.get_input_embeddings()
     assert isinstance(head, Int8Linear) and head.weight.shape == (128, 64) and head.weight.dtype == torch.int8
-    assert torch.equal(model.get_input_embeddings().weight, embedding)  # the embedding stays float32, unchanged
+    assert isinstance(lookup, Int8Embedding) and lookup.weight.dtype == torch.int8 and quant.is_tied(model) == tied
+    assert (lookup.weight.data_ptr() == head.weight.data_ptr()) == tied  # tied: the head's rows, no second copy
+    assert not [t for t in model.state_dict().values() if t.dtype == torch.float32 and t.shape == embedding.shape]
+    assert ("model.embed_tokens.weight" in model.state_dict()) == (not tied)  # nothing of a tied one is stored
+    ids = torch.arange(128)
+    step = (lookup.weight_scale if tied else embedding.abs().amax(1) / quant.INT8_MAX)[:, None]  # [128, 1]
+    assert ((lookup(ids) - embedding).abs() <= step / 2 * (1 + 1e-6)).all()  # within the int8 rounding
     assert model.config._attn_implementation == ROWWISE_ATTENTION
 
 

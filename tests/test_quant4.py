@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 
 from specdec import autoregressive_generate, speculative_generate
 from specdec.models import cache, gguf_read, load_draft, load_model, quant, quant4, quant_store
-from specdec.models.quant import ROWWISE_ATTENTION, Int8Linear
+from specdec.models.quant import ROWWISE_ATTENTION, Int8Embedding, Int8Linear
 from specdec.models.quant4 import GROUP_SIZE, Int4Embedding, Int4Linear, quantize_int4
 from specdec.testing import perturbed_copy, tiny_folder, tiny_model
 from test_models_gguf import LAYER_TENSORS, write_tiny_gguf
@@ -112,7 +112,7 @@ def quantized(arch: str, seed: int = 0, **config) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize("tied", [False, True])
-def test_linears_become_int4_the_head_int8_and_the_embedding_4_bit(tied):
+def test_linears_become_int4_the_head_int8_and_the_embedding_4_bit_or_the_tied_heads_rows(tied):
     from specdec.testing import tiny_config
 
     config = tiny_config("qwen2")
@@ -121,12 +121,18 @@ def test_linears_become_int4_the_head_int8_and_the_embedding_4_bit(tied):
     embedding = model.get_input_embeddings().weight.detach().clone()
     quantize_int4(model)
     assert not [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    assert isinstance(model.get_output_embeddings(), Int8Linear)
+    head = model.get_output_embeddings()
+    assert isinstance(head, Int8Linear)
     assert sum(isinstance(m, Int4Linear) for m in model.modules()) == 7 * config.num_hidden_layers
     lookup = model.get_input_embeddings()
-    assert isinstance(lookup, Int4Embedding)
     ids = torch.tensor([[0, 5, 127]])
-    assert torch.equal(lookup(ids), quant4.dequantize(*quant4.groups_from_float(embedding))[ids])
+    if tied:  # the int8 head's rows, read in place: no 4-bit copy
+        assert isinstance(lookup, Int8Embedding) and lookup.weight.data_ptr() == head.weight.data_ptr()
+        assert torch.equal(lookup(ids), head.weight[ids].float() * head.weight_scale[ids][..., None])
+        assert not [name for name in model.state_dict() if name.startswith("model.embed_tokens")]
+    else:
+        assert isinstance(lookup, Int4Embedding)
+        assert torch.equal(lookup(ids), quant4.dequantize(*quant4.groups_from_float(embedding))[ids])
     assert model.config._attn_implementation == ROWWISE_ATTENTION
     with pytest.raises(ValueError, match="float32 CPU"):
         quantize_int4(tiny_model("qwen2").to(torch.bfloat16))

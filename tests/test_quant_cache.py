@@ -118,7 +118,8 @@ def truncated_weights(store):
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
 
 
-@pytest.mark.parametrize("damage, reason", [(old_format, "has format 0, this version reads format 1"),
+@pytest.mark.parametrize("damage, reason", [(old_format,
+                                             f"has format 0, this version reads format {quant_store.INT8.format}"),
                                             (garbage_weights, "cannot be read"),
                                             (truncated_weights, "incomplete")])
 def test_an_old_or_damaged_store_is_made_again_with_one_line(tmp_path, capsys, damage, reason):

@@ -1,13 +1,15 @@
 """The int8 model built straight from a GGUF (`quant.int8_from_gguf`): one tensor at a time, no float32 copy on disk,
 bit for bit the GGUF's float32 conversion quantized by `quantize_int8`; stored once (`specdec.models.quant_store`)
 and read back without the GGUF's tensors."""
+import json
+
 import gguf
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 from transformers.modeling_gguf_pytorch_utils import NemotronTensorProcessor
 
-from specdec.models import cache, convert, gguf_read, load_model, loading, quant
+from specdec.models import cache, convert, gguf_read, load_model, loading, quant, quant_store
 from specdec.models.loading import prepare
 from specdec.testing import tiny_config
 from faults import kill_at
@@ -121,3 +123,61 @@ def test_an_int8_gguf_of_an_architecture_not_read_straight_is_dequantized_in_mem
     reference = quant.quantize_int8(load_model(str(path), dtype="float32").model)
     assert torch.equal(first.model(IDS).logits, reference(IDS).logits)
     assert load_model(str(path), quant="int8").source == "cache (int8)"
+
+
+def tensor_bytes(weights) -> dict[str, int]:
+    """{name: bytes} of each tensor in a safetensors file, from its header; asserts the file is header + those."""
+    with open(weights, "rb") as file:
+        length = int.from_bytes(file.read(8), "little")
+        header = json.loads(file.read(length))
+    sizes = {name: end - start for name, entry in header.items() if name != "__metadata__"
+             for start, end in [entry["data_offsets"]]}
+    assert weights.stat().st_size == 8 + length + sum(sizes.values())
+    return sizes
+
+
+@pytest.mark.parametrize("arch, tied", [("llama", False), ("qwen2", True)])
+def test_a_store_holds_the_embedding_as_int8_rows_or_not_at_all_when_tied(tmp_path, monkeypatch, arch, tied):
+    """The store's bytes: a tied embedding is the head's int8 rows (nothing stored), an untied one int8 rows with a
+    float32 scale each, never vocab x dim float32; a load builds the embedding on the meta device, then fills it."""
+    path = mixed_gguf(tmp_path, arch, tied)
+    first = load_model(str(path), quant="int8")
+    (key, _), = converted().items()
+    sizes = tensor_bytes(cache.converted_dir(key, "int8") / quant_store.WEIGHTS)
+    vocab, dim = 300, 256
+    embedding = {name: size for name, size in sizes.items() if name.startswith("model.embed_tokens.")}
+    assert embedding == ({} if tied else {"model.embed_tokens.weight": vocab * dim,
+                                          "model.embed_tokens.weight_scale": vocab * 4})
+    float32_embedding = sum(sizes.values()) - sum(embedding.values()) + vocab * dim * 4  # the former layout
+    saved = vocab * dim * 4 if tied else vocab * (3 * dim - 4)
+    assert sum(sizes.values()) == float32_embedding - saved
+    built, from_config = [], AutoModelForCausalLM.from_config
+
+    def spy(*args, **kwargs):  # the model _read builds from the store's config, as built
+        model = from_config(*args, **kwargs)
+        built.append([p.device.type for p in model.get_input_embeddings().parameters()])
+        return model
+
+    with monkeypatch.context() as patch:
+        patch.setattr(AutoModelForCausalLM, "from_config", spy)
+        no_gguf_tensors(patch)
+        stored = load_model(str(path), quant="int8")
+    assert built == [["meta"]]  # no float32 table allocated, then the int8 one filled in
+    lookup = stored.model.get_input_embeddings()
+    assert isinstance(lookup, quant.Int8Embedding) and lookup.tied == tied
+    assert not [t for t in [*stored.model.parameters(), *stored.model.buffers()]
+                if t.dtype == torch.float32 and t.shape == (vocab, dim)]
+    assert quant.is_tied(stored.model) == tied and stored.model.config.tie_word_embeddings is False
+    assert json.loads((cache.converted_dir(key, "int8") / "config.json").read_text())["tie_word_embeddings"] == tied
+    assert torch.equal(stored.model(IDS).logits, first.model(IDS).logits)
+
+
+@pytest.mark.parametrize("arch, tied", [("llama", False), ("qwen2", True)])
+def test_the_embedding_rows_are_the_ggufs_within_the_int8_rounding(tmp_path, arch, tied):
+    path = mixed_gguf(tmp_path, arch, tied)
+    model = load_model(str(path), quant="int8").model
+    rows = load_model(str(path), dtype="float32").model.get_input_embeddings().weight  # the GGUF dequantized
+    lookup = model.get_input_embeddings()
+    step = lookup.weight_scale[:, None]  # [vocab, 1]: one int8 step of each row
+    assert ((lookup(torch.arange(300)) - rows).abs() <= step / 2 * (1 + 1e-6)).all()
+    assert (lookup.weight.data_ptr() == model.get_output_embeddings().weight.data_ptr()) == tied

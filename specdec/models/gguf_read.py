@@ -66,12 +66,15 @@ class GGUFWeights:
     """A GGUF's tensors under a transformers model's names, read one at a time (memory-mapped), rows in
     transformers' order; a tied head (no `output.weight`) reads the embedding's tensor."""
 
+    tied: bool  # whether the head is the embedding (the GGUF has no `output.weight`)
+
     def __init__(self, path: Path, model: torch.nn.Module):
         reader = gguf.GGUFReader(path)
         self.processor = _processor(reader)(config=model.config.to_dict())
         names = get_gguf_hf_weights_map(model, self.processor)  # gguf name -> transformers name
         self.tensors = {names[t.name]: t for t in reader.tensors if t.name in names}
         head = f"{module_name(model, model.get_output_embeddings())}.weight"
+        self.tied = head not in self.tensors
         self.tensors.setdefault(head, self.tensors[f"{module_name(model, model.get_input_embeddings())}.weight"])
 
     def bits(self, name: str) -> float:

@@ -14,8 +14,11 @@ row-invariant instead (kernel measurements: docs/performance.md):
   fits): measured on the machine at load, never read off CPU flags, so the fast kernel is always the exact one.
 - `rowwise_attention`: each query row attends to its own causal slice of keys/values with the same SDPA
   call a one-token step makes, so a verification row is the one-token step's row.
-- Embedding lookup, RMSNorm (a reduction inside each row), rotary (elementwise), SiLU and residual adds are
-  row-invariant as they are (tests/test_quant.py checks each and the whole forward, n = 1..8).
+- `Int8Embedding`: the input embedding as int8 rows with a float32 scale each, each looked-up row dequantized
+  alone. Tied to the head (one matrix in the float model), it reads the head's int8 rows and scales in place: no
+  second copy in memory or in a store; untied, its own rows, per-row scale max|row| / 127.
+- RMSNorm (a reduction inside each row), rotary (elementwise), SiLU and residual adds are row-invariant as they
+  are (tests/test_quant.py checks each and the whole forward, n = 1..8).
 
 So greedy speculative output with an int8 target equals that int8 target alone, by construction. The
 int8 target is a different target from the float32 one: report which one a run verifies against.
@@ -203,6 +206,58 @@ class Int8Linear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+class Int8Embedding(torch.nn.Module):
+    """An embedding table as int8 rows and a float32 scale per row: row i = weight[i] * weight_scale[i], each
+    looked-up row dequantized alone (row-invariant). `tied_to(head)` reads a tied head's Int8Linear rows in place,
+    as buffers left out of the state_dict: one copy in memory, none in a store."""
+
+    weight: torch.Tensor  # [num, dim] int8 (the head's own tensor when tied)
+    weight_scale: torch.Tensor  # [num] float32
+
+    def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor, tied: bool = False):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = weight.shape
+        self.tied = tied
+        self.register_buffer("weight", weight, persistent=not tied)
+        self.register_buffer("weight_scale", weight_scale, persistent=not tied)
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor) -> "Int8Embedding":
+        """Its own int8 copy of a float table [num, dim], row by row in [-127, 127] (no kernel sums embeddings, so
+        the full range whatever `weight_limit()`)."""
+        weight_q, weight_scale = _quantize_rows(weight.detach().float())
+        return cls(weight_q.to(torch.int8), weight_scale)
+
+    @classmethod
+    def tied_to(cls, head: Int8Linear) -> "Int8Embedding":
+        return cls(head.weight, head.weight_scale, tied=True)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.weight[ids].float() * self.weight_scale[ids].unsqueeze(-1)  # [..., dim] float32
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}{', rows of the int8 head' if self.tied else ''}"
+
+
+def is_tied(model: torch.nn.Module) -> bool:
+    """Whether `model`'s input embedding and LM head are one matrix: one Parameter (a float model), or an
+    Int8Embedding reading the int8 head's rows (a quantized one)."""
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    return getattr(embedding, "tied", False) or (head is not None and head.weight is getattr(embedding, "weight", None))
+
+
+def set_embedding(model: torch.nn.Module, own: torch.nn.Module | None) -> None:
+    """Make `model`'s input embedding `own`, or (None: a tied model) the Int8Embedding of its int8 head's rows."""
+    model.set_input_embeddings(own if own is not None else Int8Embedding.tied_to(model.get_output_embeddings()))
+
+
+def stored_embedding(state: dict[str, torch.Tensor], name: str) -> Int8Embedding | None:
+    """The own Int8Embedding stored under module name `name` in `state`, or None when the store has none (tied)."""
+    if f"{name}.weight_scale" not in state:
+        return None
+    return Int8Embedding(state[f"{name}.weight"], state[f"{name}.weight_scale"])
+
+
 class SharedInputInt8(Int8Linear):
     """Linears that read the same input (q/k/v, gate/up) as one Int8Linear: one quantization, one GEMM.
 
@@ -286,14 +341,17 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
     """Make a float32 CPU causal LM row-invariant in place (see the module docstring) and return it.
 
     Every Linear (RowsFirstLinear and ColumnMajorHead included) and Conv1D becomes an Int8Linear (siblings
-    that read one input, q/k/v and gate/up, one SharedInputInt8 read through Int8Slices); the LM head too, and
-    when it is tied to the input embeddings only the head's copy is quantized (the embedding stays float32).
+    that read one input, q/k/v and gate/up, one SharedInputInt8 read through Int8Slices); the LM head too. The
+    input embedding becomes an Int8Embedding: the head's rows when the two are tied, else its own int8 copy.
     Attention becomes `rowwise_attention`.
     """
     parameter = next(model.parameters())
     if parameter.dtype != torch.float32 or parameter.device.type != "cpu":
         raise ValueError(f"quantize_int8 takes a float32 CPU model, got {parameter.dtype} on {parameter.device}")
-    return _int8_layers(model, _quantized_layer)
+    tied = is_tied(model)
+    _int8_layers(model, _quantized_layer)
+    set_embedding(model, None if tied else Int8Embedding.from_float(model.get_input_embeddings().weight))
+    return model
 
 
 def int8_from_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> torch.nn.Module:
@@ -301,13 +359,16 @@ def int8_from_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> t
     from its config with parameters on the meta device (buffers real); in place, without a float32 pass.
 
     Each int8 layer is made from its stored int8 weight, scales and bias (`Int8Linear.from_quantized`, packed as
-    quantizing packs); every other tensor is assigned from `state`. A missing or unexpected key raises.
+    quantizing packs), the embedding from its stored rows or (none stored: tied) the head's; every other tensor is
+    assigned from `state`. A missing or unexpected key raises.
     """
     def stored_layer(name: str, modules: list[torch.nn.Module]) -> Int8Linear:
         bias = None if modules[0].bias is None else state[f"{name}.bias"]
         return _int8_layer(modules, state[f"{name}.weight"], state[f"{name}.weight_scale"], bias)
 
+    embedding = gguf_read.module_name(model, model.get_input_embeddings())
     _int8_layers(model, stored_layer)
+    set_embedding(model, stored_embedding(state, embedding))
     model.load_state_dict(state, strict=True, assign=True)
     return model
 
@@ -317,15 +378,17 @@ def int8_from_gguf(path: Path) -> tuple[torch.nn.Module, object]:
     (`specdec.models.gguf_read`): the model `quantize_int8` makes of the GGUF's float32 conversion, bit for bit.
 
     Each tensor is dequantized (gguf's dequantization, as the conversion's) and every Linear's weight, q/k/v and
-    gate/up concatenated as quantize_int8 shares them, quantized to int8 row by row; embeddings, norms and biases
-    stay float32.
+    gate/up concatenated as quantize_int8 shares them, quantized to int8 row by row; the input embedding is the
+    head's rows (a GGUF without `output.weight`: tied) or its own int8 copy; norms and biases stay float32.
     """
     return gguf_read.from_gguf(path, _fill, "int8")
 
 
 def _fill(model: torch.nn.Module, weights: GGUFWeights) -> None:
-    """Replace `model`'s meta Linears by int8 layers quantized from `weights`, then assign the rest (float32)."""
+    """Replace `model`'s meta Linears and embedding by int8 layers quantized from `weights`, then assign the rest
+    (float32)."""
     names = {module: name for name, module in model.named_modules()}  # before any is replaced
+    embedding = names[model.get_input_embeddings()]
 
     def layer(name: str, modules: list[torch.nn.Module]) -> Int8Linear:
         members = [names[module] for module in modules]  # one Linear, or the siblings of a shared input
@@ -334,6 +397,7 @@ def _fill(model: torch.nn.Module, weights: GGUFWeights) -> None:
         return _int8_layer(modules, *quantize_weight(weight), bias)
 
     _int8_layers(model, layer)
+    set_embedding(model, None if weights.tied else Int8Embedding.from_float(weights.float(f"{embedding}.weight")))
     rest = {name: weights.float(name) for name, parameter in model.named_parameters() if parameter.is_meta}
     model.load_state_dict(rest, strict=False, assign=True)
 

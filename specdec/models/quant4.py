@@ -13,8 +13,9 @@ lossless only if the verification forward over n tokens gives, row for row, the 
   (30x slower), so bf16 it is (docs/int4.md has the measurements).
 - The LM head stays an `Int8Linear` (quant.py): its logits stay float32 instead of being rounded to bf16,
   which would tie near-equal logits.
-- `Int4Embedding`: the input embedding as codes, scale and offset per group (row = code * scale - offset),
-  each looked-up row dequantized alone.
+- The input embedding: tied to the head, quant.py's `Int8Embedding` reading the int8 head's rows in place (no
+  second copy); untied, an `Int4Embedding`, codes, scale and offset per group (row = code * scale - offset), each
+  looked-up row dequantized alone (an `Int8Embedding` of its own where its width is not whole groups).
 - Attention is quant.py's `rowwise_attention`; norms, rotary, activations and residual adds are row-invariant.
 
 Two ways in: `quantize_int4(model)` quantizes a float32 model (min/max per group), and `int4_from_gguf(path)`
@@ -27,7 +28,7 @@ q6_K, q8_0 and float tensors become Int8Linear. `int4_from_state` rebuilds a sto
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import gguf
 import numpy as np
@@ -43,7 +44,7 @@ CODE_OFFSET = 8
 OUT_MULTIPLE = 16  # the kernel packs outputs in blocks of 16 (other layers stay int8)
 INNER_K_TILES = 1  # argument of the packing op; the CPU layout does not depend on it
 INT4_BELOW_BITS = 6  # GGUF types of fewer bits per weight become 4-bit; q6_K (6.6), q8_0 (8.5), floats int8
-FORMAT = 1  # layout of an int4 store (specdec.models.quant_store); bump on any change
+FORMAT = 2  # layout of an int4 store (specdec.models.quant_store); bump on any change
 Q4_K_BYTES = 144  # a q4_K block: d, dmin (fp16), 12 bytes of 6-bit scales and mins, 128 bytes of codes
 Q4_K_SCALES = slice(4, 16)
 
@@ -179,8 +180,8 @@ def quantize_int4(model: torch.nn.Module) -> torch.nn.Module:
     """Make a float32 CPU causal LM row-invariant with 4-bit weights, in place, and return it.
 
     Each Linear whose shape the kernel takes becomes an Int4Linear (min/max per group); the LM head, Conv1Ds and
-    other shapes an Int8Linear; the input embedding an Int4Embedding (when its width is whole groups); attention
-    `rowwise_attention`. A tied head is untied (its int8 copy and the 4-bit embedding are separate).
+    other shapes an Int8Linear; the input embedding the int8 head's rows when tied, else an Int4Embedding (its own
+    Int8Embedding when its width is not whole groups); attention `rowwise_attention`.
     """
     parameter = next(model.parameters())
     if parameter.dtype != torch.float32 or parameter.device.type != "cpu":
@@ -193,11 +194,17 @@ def quantize_int4(model: torch.nn.Module) -> torch.nn.Module:
             return Int8Linear.from_module(module)
         return Int4Linear(groups_from_float(module.weight), module.bias)
 
-    embedding = model.get_input_embeddings()
+    embedding, tied = model.get_input_embeddings(), quant.is_tied(model)
     quant._int8_layers(model, layer, share_inputs=False)
-    if embedding.embedding_dim % GROUP_SIZE == 0:
-        model.set_input_embeddings(Int4Embedding(groups_from_float(embedding.weight)))
+    quant.set_embedding(model, None if tied else _own_embedding(
+        embedding.embedding_dim, lambda: groups_from_float(embedding.weight), lambda: embedding.weight))
     return model
+
+
+def _own_embedding(dim: int, groups: Callable[[], Int4Groups], weight: Callable[[], torch.Tensor]) -> torch.nn.Module:
+    """An untied embedding of width `dim`: an Int4Embedding of `groups()` when that is whole groups, else an
+    Int8Embedding of the float table `weight()`."""
+    return Int4Embedding(groups()) if dim % GROUP_SIZE == 0 else quant.Int8Embedding.from_float(weight())
 
 
 def int4_from_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> torch.nn.Module:
@@ -212,9 +219,11 @@ def int4_from_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> t
 
     embedding = module_name(model, model.get_input_embeddings())
     quant._int8_layers(model, stored_layer, share_inputs=False)
+    own = quant.stored_embedding(state, embedding)
     if f"{embedding}.codes" in state:
-        model.set_input_embeddings(Int4Embedding.from_quantized(
-            state[f"{embedding}.codes"], state[f"{embedding}.scale"], state[f"{embedding}.offset"]))
+        own = Int4Embedding.from_quantized(state[f"{embedding}.codes"], state[f"{embedding}.scale"],
+                                           state[f"{embedding}.offset"])
+    quant.set_embedding(model, own)
     model.load_state_dict(state, strict=True, assign=True)
     return model
 
@@ -224,7 +233,8 @@ def int4_from_gguf(path: Path) -> tuple[torch.nn.Module, object]:
     (`specdec.models.gguf_read`).
 
     Linears: q4_K codes kept; other types under INT4_BELOW_BITS requantized (Int4Linear); the rest, the head
-    and shapes the kernel does not take Int8Linear. The embedding an Int4Embedding; norms and biases float32.
+    and shapes the kernel does not take Int8Linear. The embedding the head's int8 rows when tied (no
+    `output.weight`), else an Int4Embedding (q4_K codes kept); norms and biases float32.
     """
     return gguf_read.from_gguf(path, _fill, "int4")
 
@@ -243,10 +253,10 @@ def _fill(model: torch.nn.Module, weights: GGUFWeights) -> None:
             return Int4Linear(_groups(weights, weight), bias)
         return Int8Linear(weights.float(weight), bias)
 
-    dim = model.get_input_embeddings().embedding_dim
+    dim, table = model.get_input_embeddings().embedding_dim, f"{embedding}.weight"
     quant._int8_layers(model, layer, share_inputs=False)
-    if dim % GROUP_SIZE == 0:
-        model.set_input_embeddings(Int4Embedding(_groups(weights, f"{embedding}.weight")))
+    quant.set_embedding(model, None if weights.tied else _own_embedding(
+        dim, lambda: _groups(weights, table), lambda: weights.float(table)))
     rest = {name: weights.float(name) for name, parameter in model.named_parameters() if parameter.is_meta}
     model.load_state_dict(rest, strict=False, assign=True)
 

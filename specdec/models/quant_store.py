@@ -11,8 +11,9 @@ load quantizes the model once and stores it:
                                      snapshot), the hash naming the folder's resolved path;
 
 holding `model.safetensors` (the quantized model's `state_dict`: int8 weights with their per-row float32
-scales and biases, the embeddings and norms in float32), `config.json`, `generation_config.json`, the
-tokenizer files, `int8.json` ({"format": its Form's format, "source": the identity of what it was made from,
+scales and biases, the norms in float32; the input embedding int8 per row, or nothing when it is tied to the
+head, whose int8 rows it reads), `config.json` (the model's own config: `tie_word_embeddings` says whether the
+embedding is the head's rows), `generation_config.json`, the tokenizer files, `int8.json` ({"format": its Form's format, "source": the identity of what it was made from,
 "weight_limit": the |w| bound it was quantized with, `quant.weight_limit()`}) and the cache's
 READY marker, written last. Later loads build the architecture from the config with parameters on the meta
 device and fill it from those tensors (`quant.int8_from_state`): no float32 pass, and the same bits as
@@ -33,6 +34,7 @@ own; its Int8Linear layers (the head, q6_K tensors) are checked against the weig
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from dataclasses import dataclass
@@ -74,7 +76,7 @@ class Quantized(NamedTuple):
     stored: bool  # whether it was read from `store` (else made now, then stored)
 
 
-INT8 = Form("int8", 1, quant.int8_from_state, "")
+INT8 = Form("int8", 2, quant.int8_from_state, "")
 INT4 = Form("int4", quant4.FORMAT, quant4.int4_from_state, "-int4")
 WEIGHTS = "model.safetensors"
 UNREADABLE = (OSError, ValueError, KeyError, RuntimeError, SafetensorError)  # what a damaged store raises when read
@@ -193,7 +195,9 @@ def _write(form: Form, model: torch.nn.Module, tokenizer, store: Path, identity:
         partial.mkdir()
         state = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}  # Conv1D's are transposed
         save_file(state, str(partial / WEIGHTS), metadata={"format": "pt"})
-        model.config.save_pretrained(partial)
+        config = copy.deepcopy(model.config)
+        config.tie_word_embeddings = quant.is_tied(model)  # at run time untied (the head is its own module)
+        config.save_pretrained(partial)
         model.generation_config.save_pretrained(partial)
         tokenizer.save_pretrained(partial)
         (partial / form.marker).write_text(json.dumps({"format": form.format, "source": identity,
