@@ -1,4 +1,5 @@
 """The optional llama.cpp column, against stand-in binaries that print what llama.cpp prints."""
+import contextlib
 import json
 import os
 from types import SimpleNamespace
@@ -8,6 +9,10 @@ import pytest
 from specdec.cli import bench as bench_cli
 from specdec.core.suites import Prompt
 from specdec.lab.bench import llamacpp
+from specdec.models import cache
+from specdec.models.loading import prepare
+from specdec.testing import tiny_model
+from test_models_gguf import install_package, write_tiny_gguf
 
 BENCH_OUT = '[{"model_type": "qwen2 1.5B Q4_K - Medium", "n_gen": 16, "avg_ts": 29.7, "stddev_ts": 0.3}]'
 SPEC_OUT = """def quicksort(arr):
@@ -57,7 +62,8 @@ def test_outputs_are_parsed_and_arguments_passed(binaries, tmp_path):
 
 
 def test_the_bench_section_runs_each_draft_k_and_prompt(binaries, tmp_path, monkeypatch):
-    monkeypatch.setattr(llamacpp, "gguf_of", lambda name: tmp_path / f"{name}.gguf" if name != "lookup" else None)
+    monkeypatch.setattr(llamacpp, "gguf_of",
+                        lambda name, held: tmp_path / f"{name}.gguf" if name != "lookup" else None)
     tokenizer = SimpleNamespace(decode=lambda ids: "text", apply_chat_template=None)
     monkeypatch.setattr(bench_cli, "encode", lambda prompt, tok: [1, 2])
     args = SimpleNamespace(target="t", draft=["d", "lookup"], k=[2, "auto"], max_new_tokens=16)
@@ -73,4 +79,19 @@ def test_no_binaries_no_section(tmp_path, monkeypatch):
     monkeypatch.setenv(llamacpp.ENV, str(tmp_path))
     args = SimpleNamespace(target="t", draft=["d"], k=[2], max_new_tokens=16)
     assert bench_cli.llama_cpp_section(args, None, [], tmp_path) == ""
-    assert llamacpp.gguf_of("not-a-catalogue-model") is None
+    assert llamacpp.gguf_of("not-a-catalogue-model", contextlib.ExitStack()) is None
+
+
+def test_a_packaged_gguf_is_assembled_for_llama_cpp_and_removed_after_when_a_store_has_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    gguf_file = tmp_path / "weights" / "tiny.gguf"
+    gguf_file.parent.mkdir()
+    write_tiny_gguf(gguf_file, tiny_model("llama", 0, vocab_size=300))
+    name = install_package(gguf_file, tmp_path, monkeypatch)
+    prepare(name, dtype="int8")
+    assembled = cache.gguf_path("tiny-packaged.gguf")
+    assert not assembled.exists()
+    with contextlib.ExitStack() as held:
+        assert llamacpp.gguf_of(name, held) == assembled and assembled.read_bytes() == gguf_file.read_bytes()
+        assert not cache.remove_unread(assembled)  # kept while llama.cpp may read it
+    assert not assembled.exists()

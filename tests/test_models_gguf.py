@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from specdec.models import cache, entries, load_model
+from specdec.models import cache, entries, load_model, loading
 from specdec.testing import tiny_model
 
 MERGES = ["Ġ t", "Ġ a", "h e", "i n"]
@@ -151,7 +151,10 @@ def test_catalogue_package_source_assembles_chunks_converts_and_caches(tiny_gguf
     assert [e.status for e in entries.catalogue()] == ["ready"]
     second = load_model("tiny-packaged", dtype="float32")
     assert (first.source, second.source) == ("package", "cache")
-    assert cache.gguf_path("tiny-packaged.gguf").read_bytes() == data
+    assert not cache.gguf_path("tiny-packaged.gguf").exists()  # not kept once converted: assembled when needed
+    with loading.assembled(entries.find("tiny-packaged")) as assembled:
+        assert assembled == cache.gguf_path("tiny-packaged.gguf") and assembled.read_bytes() == data
+    assert not assembled.exists()
     assert not any(name.startswith("fakechunks") for name in sys.modules)
     torch.testing.assert_close(second.model(IDS).logits, original(IDS).logits, rtol=0, atol=1e-5)
 

@@ -11,7 +11,8 @@ from specdec import autoregressive_generate, speculative_generate
 from specdec.core.kv import CachedLM
 from specdec.core.trace import ROUNDING_NOISE
 from specdec.models import apply_speed_levers, load_draft, load_model, quant
-from specdec.models.quant import Int8Embedding, Int8Linear, ROWWISE_ATTENTION, fbgemm_is_exact, quantize_int8, rowwise_attention
+from specdec.models.quant import (Int8Embedding, Int8Linear, ROWWISE_ATTENTION, fbgemm_is_exact, quantize_int8,
+                                  rowwise_attention)
 from specdec.testing import perturbed_copy, tiny_config, tiny_folder, tiny_model
 
 ARCHS = ("llama", "qwen2", "gpt2")

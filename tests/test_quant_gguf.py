@@ -1,7 +1,9 @@
 """The int8 model built straight from a GGUF (`quant.int8_from_gguf`): one tensor at a time, no float32 copy on disk,
 bit for bit the GGUF's float32 conversion quantized by `quantize_int8`; stored once (`specdec.models.quant_store`)
 and read back without the GGUF's tensors."""
+import hashlib
 import json
+from types import SimpleNamespace
 
 import gguf
 import pytest
@@ -9,10 +11,11 @@ import torch
 from transformers import AutoModelForCausalLM
 from transformers.modeling_gguf_pytorch_utils import NemotronTensorProcessor
 
-from specdec.models import cache, convert, gguf_read, load_model, loading, quant, quant_store
+from specdec.models import cache, convert, entries, formats, gguf_read, load_model, loading, quant, quant_store
+from specdec.cli import models as models_command
 from specdec.models.loading import prepare
 from specdec.testing import tiny_config
-from faults import kill_at
+from faults import kill_at, paused
 from test_models_gguf import install_package, write_tiny_gguf
 from test_quant4 import encode
 from test_quant_cache import layers
@@ -87,7 +90,7 @@ def test_a_catalogue_package_goes_straight_to_int8_and_is_read_back_without_its_
     store, source = prepare(name, dtype="int8")
     assert (store, source) == (cache.converted_dir(name, "int8"), "package") and converted() == {name: ["int8"]}
     gguf_file = cache.gguf_path("tiny-packaged.gguf")
-    gguf_file.unlink()  # the assembled GGUF: the store is read without it
+    assert not gguf_file.exists()  # the assembled GGUF is removed once the store is made: it is read without it
     with monkeypatch.context() as patch:
         no_gguf_tensors(patch)
         loaded = load_model(name, quant="int8")
@@ -95,8 +98,9 @@ def test_a_catalogue_package_goes_straight_to_int8_and_is_read_back_without_its_
     assert loaded.source == "cache (int8)" and not gguf_file.exists()
     reference = quant.quantize_int8(load_model(str(path), dtype="float32").model)
     assert torch.equal(loaded.model(IDS).logits, reference(IDS).logits)
-    assert prepare(name, dtype="int4") == (cache.converted_dir(name, "int4"), "package")
+    assert prepare(name, dtype="int4") == (cache.converted_dir(name, "int4"), "package")  # assembled again
     assert converted()[name] == ["int4", "int8"]  # int4 is no float32 conversion either
+    assert not gguf_file.exists()
 
 
 def test_a_killed_int8_store_of_a_gguf_is_never_read(tmp_path):
@@ -181,3 +185,125 @@ def test_the_embedding_rows_are_the_ggufs_within_the_int8_rounding(tmp_path, arc
     step = lookup.weight_scale[:, None]  # [vocab, 1]: one int8 step of each row
     assert ((lookup(torch.arange(300)) - rows).abs() <= step / 2 * (1 + 1e-6)).all()
     assert (lookup.weight.data_ptr() == model.get_output_embeddings().weight.data_ptr()) == tied
+
+
+def packaged(tmp_path, monkeypatch) -> tuple[str, object]:
+    """A tiny tied qwen2 GGUF as the catalogue package "tiny-packaged"; (its name, its assembled GGUF's path)."""
+    name = install_package(mixed_gguf(tmp_path, "qwen2", tied=True), tmp_path, monkeypatch)
+    return name, cache.gguf_path("tiny-packaged.gguf")
+
+
+def refuse_assembly(monkeypatch):
+    monkeypatch.setattr(cache, "assemble", lambda *args, **kwargs: pytest.fail("the GGUF was assembled again"))
+
+
+def test_the_config_comes_from_the_store_once_the_gguf_is_gone_and_keys_the_same_format_timings(tmp_path,
+                                                                                                 monkeypatch):
+    name, gguf_file = packaged(tmp_path, monkeypatch)
+    from_gguf = loading.architecture(name)
+    assert gguf_file.is_file()  # read to know the architecture: kept, since nothing is made from it yet
+    prepare(name, dtype="int8")
+    assert not gguf_file.exists()
+    with monkeypatch.context() as patch:
+        refuse_assembly(patch)
+        from_store = loading.architecture(name)
+    assert from_store.tie_word_embeddings is True and from_store.hidden_size == from_gguf.hidden_size == 256
+    assert formats._key(from_store, ("int8",), "cpu") == formats._key(from_gguf, ("int8",), "cpu")
+
+
+def test_every_path_that_reads_the_gguf_again_assembles_it_and_removes_it_after(tmp_path, monkeypatch):
+    name, gguf_file = packaged(tmp_path, monkeypatch)
+    assert prepare(name, dtype="int8")[1] == "package" and not gguf_file.exists()
+    int4 = load_model(name, quant="int4")
+    assert int4.source == "package" and not gguf_file.exists()
+    float32 = load_model(name, dtype="float32")
+    assert float32.source == "package" and not gguf_file.exists()
+    assert sorted(cache.stored(name)) == ["float32", "int4", "int8"]
+    with monkeypatch.context() as patch:
+        refuse_assembly(patch)
+        assert load_model(name, quant="int8").source == "cache (int8)"
+        assert load_model(name, quant="int4").source == "cache (int4)"
+        assert load_model(name, dtype="float32").source == "cache"
+
+
+def test_the_gguf_is_never_removed_while_another_reads_it(tmp_path, monkeypatch):
+    name, gguf_file = packaged(tmp_path, monkeypatch)
+    prepare(name, dtype="int8")
+    with loading.assembled(entries.find(name)) as path:  # a reader (this thread) holds it
+        assert path == gguf_file and path.is_file()
+        assert load_model(name, quant="int4").source == "package"  # made from it, by another reader of it
+        assert not cache.remove_unread(path) and path.is_file()
+    assert not gguf_file.exists()  # the last reader out removes it: both stores are there
+
+
+def test_a_reader_in_another_process_keeps_the_gguf_until_it_ends(tmp_path):
+    chunk = tmp_path / "part.bin"
+    chunk.write_bytes(b"gguf bytes" * 100)
+    sha = hashlib.sha256(chunk.read_bytes()).hexdigest()
+    out = cache.gguf_path("model.gguf")
+    code = (f"from pathlib import Path; from specdec.models import cache\n"
+            f"with cache.assembled([Path({str(chunk)!r})], {sha!r}, Path({str(out)!r})):\n    pause()")
+    with paused(code):
+        assert out.read_bytes() == chunk.read_bytes()
+        assert not cache.remove_unread(out) and out.is_file()
+    assert cache.remove_unread(out) and not out.exists()  # the reader died: its lock went with it
+
+
+def test_a_store_is_read_after_the_package_is_uninstalled_and_an_assembled_gguf_then_kept(tmp_path, monkeypatch):
+    name, gguf_file = packaged(tmp_path, monkeypatch)
+    prepare(name, dtype="int8")
+    for chunk in (tmp_path / "site").rglob("*.bin"):
+        chunk.unlink()  # the package uninstalled
+    assert load_model(name, quant="int8").source == "cache (int8)"
+    with pytest.raises(ValueError, match="package is not installed: pip install --no-deps fakechunks-part1==1"):
+        load_model(name, quant="int4")
+    gguf_file.write_bytes((tmp_path / "weights" / "tiny.gguf").read_bytes())  # assembled before the uninstall
+    assert load_model(name, quant="int4").source == "package"
+    assert gguf_file.is_file()  # the only copy left: not removed
+
+
+def models(*prepare: str, dtype=("float32", "bfloat16"), json_out: bool = False) -> int:
+    """`python -m specdec models [--prepare NAME --dtype ...] [--json]` (the fake catalogue names no default pair,
+    which the whole parser's help text needs)."""
+    return models_command.run(SimpleNamespace(prepare=list(prepare), dtype=list(dtype), json=json_out))
+
+
+def listing(capsys) -> tuple[str, str]:
+    """(the tiny package's line of `python -m specdec models`, its table row)."""
+    assert models() == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if line.startswith("- tiny-packaged: "))
+    row = next(line for line in out.splitlines() if line.startswith("tiny-packaged "))
+    return line, row
+
+
+def test_the_models_command_names_each_store_with_its_size_and_one_made_again(tmp_path, monkeypatch, capsys):
+    name, gguf_file = packaged(tmp_path, monkeypatch)
+    line, row = listing(capsys)
+    assert row.rstrip().endswith("needs assembly") and "package installed" in line
+    assert models(name, dtype=["int8"]) == 0
+    assert f"{name} [int8]: ready from package" in capsys.readouterr().out
+    line, row = listing(capsys)
+    int8 = cache.size_of(cache.converted_dir(name, "int8"))
+    assert row.rstrip().endswith("ready") and line == f"- {name}: in the cache: int8 {cache.size_text(int8)}"
+    loading.architecture(name)  # reads the store's config: nothing assembled
+    assert models(name, dtype=["int4", "float32"]) == 0
+    capsys.readouterr()
+    sizes = {form: cache.size_of(cache.converted_dir(name, form)) for form in ("float32", "int4", "int8")}
+    line, _ = listing(capsys)
+    assert line == f"- {name}: in the cache: " + ", ".join(f"{form} {cache.size_text(size)}"
+                                                           for form, size in sizes.items())
+    assert sizes["int8"] < sizes["float32"] / 3  # the int8 store: int8 weights, no float32 embedding
+    assert models(json_out=True) == 0
+    (item,) = json.loads(capsys.readouterr().out)
+    assert item["stored"] == sizes and item["remade"] == {} and item["status"] == "ready"
+    store = cache.converted_dir(name, "int8")
+    (store / quant_store.INT8.marker).write_text(json.dumps({"format": 1, "source": "sha256:?"}))
+    (store / cache.READY).unlink()
+    cache.mark_ready(store)  # a READY store of the former layout
+    line, _ = listing(capsys)
+    assert line.endswith(f"; its next int8 load makes int8 again (its int8 copy has format 1, this version reads "
+                         f"format {quant_store.INT8.format})")
+    with loading.assembled(entries.find(name)):  # assembled while another reads it
+        line, _ = listing(capsys)
+        assert f"; its GGUF assembled ({cache.size_text(gguf_file.stat().st_size)})" in line

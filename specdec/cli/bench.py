@@ -9,6 +9,7 @@ the k the advisor picks there.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from dataclasses import asdict, replace
@@ -107,23 +108,26 @@ def run(args) -> int:
 def llama_cpp_section(args, target, prompts, out: Path) -> str:
     """llama.cpp on the same GGUF files and prompts, when its binaries are there (`specdec.lab.bench.llamacpp`)."""
     binaries = llamacpp.find_binaries()
-    target_gguf = llamacpp.gguf_of(args.target)
-    drafts = {spec: llamacpp.gguf_of(spec) for spec in args.draft}
-    drafts = {spec: path for spec, path in drafts.items() if path is not None}
-    if binaries is None or target_gguf is None or not drafts:
+    if binaries is None:
         return ""
-    threads = torch.get_num_threads()
-    alone = llamacpp.target_alone_tok_s(binaries, target_gguf, args.max_new_tokens, threads)
-    runs = []
-    for prompt in prompts:
-        text = target.tokenizer.decode(encode(prompt, target.tokenizer))
-        for spec, draft_gguf in drafts.items():
-            for k in sorted({K_AUTO_START if k == "auto" else k for k in args.k}):
-                tok_s, accept = llamacpp.speculative(binaries, target_gguf, draft_gguf, text, args.max_new_tokens, k,
-                                                     threads)
-                runs.append(llamacpp.LlamaCppRun(spec, k, prompt.id, alone, tok_s, accept))
-                print(f"llama.cpp {spec} k={k} {prompt.id}: {tok_s:.2f} tok/s ({runs[-1].speedup:.2f}x its "
-                      f"target alone, {alone:.2f} tok/s)", flush=True)
+    with contextlib.ExitStack() as held:  # the GGUF files stay in the cache while llama.cpp reads them
+        target_gguf = llamacpp.gguf_of(args.target, held)
+        drafts = {spec: llamacpp.gguf_of(spec, held) for spec in args.draft}
+        drafts = {spec: path for spec, path in drafts.items() if path is not None}
+        if target_gguf is None or not drafts:
+            return ""
+        threads = torch.get_num_threads()
+        alone = llamacpp.target_alone_tok_s(binaries, target_gguf, args.max_new_tokens, threads)
+        runs = []
+        for prompt in prompts:
+            text = target.tokenizer.decode(encode(prompt, target.tokenizer))
+            for spec, draft_gguf in drafts.items():
+                for k in sorted({K_AUTO_START if k == "auto" else k for k in args.k}):
+                    tok_s, accept = llamacpp.speculative(binaries, target_gguf, draft_gguf, text, args.max_new_tokens,
+                                                         k, threads)
+                    runs.append(llamacpp.LlamaCppRun(spec, k, prompt.id, alone, tok_s, accept))
+                    print(f"llama.cpp {spec} k={k} {prompt.id}: {tok_s:.2f} tok/s ({runs[-1].speedup:.2f}x its "
+                          f"target alone, {alone:.2f} tok/s)", flush=True)
     files.write_text(out / "llama_cpp.json", json.dumps([asdict(r) for r in runs], indent=1))
     return ("\n## llama.cpp on the same GGUF files (its own target alone and speculative decoding)\n\n"
             + llamacpp.markdown(runs) + "\n")

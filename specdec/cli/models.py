@@ -4,9 +4,10 @@ from __future__ import annotations
 import json
 import time
 
-from specdec.models.cache import root as cache_root
+from specdec.models import formats
+from specdec.models.cache import root as cache_root, stored
 from specdec.models.entries import catalogue
-from specdec.models.loading import prepare
+from specdec.models.loading import prepare, remade_stores
 
 COLUMNS = ("name", "roles", "tokenizer", "parameters", "licence", "status")
 
@@ -14,9 +15,11 @@ COLUMNS = ("name", "roles", "tokenizer", "parameters", "licence", "status")
 def register(subparsers) -> None:
     p = subparsers.add_parser("models", help="list catalogue models and whether each is ready offline")
     p.add_argument("--prepare", nargs="+", metavar="NAME",
-                   help="assemble and convert these models (catalogue names, folders, .gguf files) ahead of time")
-    p.add_argument("--dtype", nargs="+", choices=("float32", "bfloat16"), default=["float32", "bfloat16"],
-                   help="dtypes to prepare (default: both)")
+                   help="assemble and convert or quantize these models (catalogue names, folders, .gguf files) "
+                        "ahead of time")
+    p.add_argument("--dtype", nargs="+", choices=formats.FORMATS, default=["float32", "bfloat16"],
+                   help="weight formats to prepare (default: float32 and bfloat16; int8 and int4 store the "
+                        "quantized model, made straight from a GGUF)")
     p.add_argument("--json", action="store_true", help="print the catalogue as JSON")
     p.set_defaults(func=run)
 
@@ -25,17 +28,19 @@ def run(args) -> int:
     for name in args.prepare or []:
         for dtype in args.dtype:
             start = time.perf_counter()
-            folder, source = prepare(name, dtype=dtype)
+            folder, source = prepare(name, dtype=dtype, device="cpu" if dtype in formats.CPU_ONLY else "auto")
             print(f"{name} [{dtype}]: ready from {source} in {time.perf_counter() - start:.1f} s ({folder})")
     entries = catalogue()
     if args.json:
-        print(json.dumps([_row(e) | {"sources": e.sources, "detail": e.detail} for e in entries], indent=1))
+        print(json.dumps([_row(e) | {"sources": e.sources, "detail": e.detail, "stored": stored(e.name),
+                                     "remade": remade_stores(e)} for e in entries], indent=1))
         return 0
     print(_table([_row(e) for e in entries]))
     print(f"\ncache: {cache_root()}")
     for entry in entries:
-        if entry.status != "ready":
-            print(f"- {entry.name}: {entry.detail}")
+        remade = "".join(f"; its next {form} load makes {form} again ({why})"
+                         for form, why in remade_stores(entry).items())
+        print(f"- {entry.name}: {entry.detail}{remade}")
     return 0
 
 

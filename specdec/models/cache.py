@@ -1,7 +1,9 @@
 """The converted-weights cache (`$SPECDEC_CACHE`, default `~/.cache/specdec`).
 
 Layout:
-    gguf/<file>.gguf                  GGUFs assembled from package chunks (sha256-verified)
+    gguf/<file>.gguf                  GGUFs assembled from package chunks (sha256-verified), read under a shared
+                                      lock (`assembled`) and removed once what is made from them is stored
+                                      (`remove_unread`): assembled again in seconds when needed
     converted/<key>/<dtype>/          safetensors + tokenizer written by `save_pretrained`
     converted/<key>/int8/, int4/      the model quantized once (`specdec.models.quant_store`): built straight from
                                       its GGUF, one tensor at a time (no float32 folder), or from the float32 one
@@ -174,6 +176,56 @@ def clean_stale(folder: Path | None = None) -> int:
         with contextlib.ExitStack() as held:
             files.writer_gone(token, held)
     return removed
+
+
+def stored(key: str) -> dict[str, int]:
+    """{folder: bytes on disk} of what `key` has in the cache, verified folders only: its float conversions
+    (float32, bfloat16) and quantized stores (int8, int4) under converted/<key>/."""
+    folder, found = root() / "converted" / key, {}
+    for path in sorted(folder.iterdir()) if folder.is_dir() else []:
+        try:
+            if not files.in_progress(path) and is_ready(path):
+                found[path.name] = size_of(path)
+        except OSError:  # replaced while looked at: the next look sees the new one
+            continue
+    return found
+
+
+def size_of(folder: Path) -> int:
+    """Bytes of the files in `folder` (not recursive: cache folders are flat)."""
+    return sum(path.stat().st_size for path in folder.iterdir() if path.is_file())
+
+
+def size_text(size: int) -> str:
+    """Bytes as a person reads them: "1.62 GB", "3.4 MB" (powers of 1024)."""
+    return f"{size / 2**30:.2f} GB" if size >= 2**30 // 10 else f"{size / 2**20:.1f} MB"
+
+
+@contextlib.contextmanager
+def assembled(chunks: list[Path], sha256: str, destination: Path, progress: Progress | None = None) -> Iterator[Path]:
+    """`destination`, assembled first when it is not there (`assemble`), kept while the block reads it: a shared
+    lock on its destination lock, which writers and `remove_unread` take exclusively."""
+    with open(_lock_path(destination), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_SH)
+        while not destination.is_file():
+            fcntl.flock(handle, fcntl.LOCK_UN)  # `assemble` takes the lock exclusively
+            assemble(chunks, sha256, destination, progress)
+            fcntl.flock(handle, fcntl.LOCK_SH)  # removed again in between: the loop assembles it once more
+        yield destination
+
+
+def remove_unread(path: Path) -> bool:
+    """Remove cache file `path` (an assembled GGUF) unless another holds its lock now (reading it in `assembled`,
+    or writing it); True when it is gone. An unlink: a reader that opened it before keeps reading its bytes."""
+    with open(_lock_path(path), "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        if path.is_file():
+            path.unlink()
+            files.fsync(path.parent)
+        return True
 
 
 def assemble(chunks: list[Path], sha256: str, destination: Path, progress: Progress | None = None) -> Path:

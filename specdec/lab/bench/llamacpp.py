@@ -11,6 +11,7 @@ Nothing in specdec needs llama.cpp; without the binaries this column is simply a
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -18,7 +19,8 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from specdec.models import cache, entries
+
+from specdec.models import cache, entries, loading
 
 ENV = "SPECDEC_LLAMA_CPP"  # a folder holding the binaries (else they are looked up on PATH)
 BENCH, SPECULATIVE = "llama-bench", "llama-speculative-simple"
@@ -51,14 +53,15 @@ def find_binaries() -> dict[str, Path] | None:
     return found if all(path.is_file() and os.access(path, os.X_OK) for path in found.values()) else None
 
 
-def gguf_of(name: str) -> Path | None:
-    """The assembled GGUF file of a catalogue model (None when it has none on this machine)."""
-
+def gguf_of(name: str, held: contextlib.ExitStack) -> Path | None:
+    """The GGUF file of a catalogue model, assembled from its installed package when not in the cache and kept
+    until `held` closes (`loading.assembled`); None when it has none on this machine."""
     entry = entries.find(name)
     if entry is None or entry.package is None:
         return None
-    path = cache.gguf_path(entry.package.gguf)
-    return path if path.is_file() else None
+    if not (entry.package.installed() or cache.gguf_path(entry.package.gguf).is_file()):
+        return None
+    return held.enter_context(loading.assembled(entry))
 
 
 def target_alone_tok_s(binaries: dict[str, Path], target: Path, new_tokens: int, threads: int) -> float:
