@@ -318,3 +318,27 @@ def test_k_auto_with_a_useless_draft_is_lossless_and_mostly_plain_steps(models):
                                   eos_token_id=[])
     assert result.token_ids == models["expected_37"]
     assert sum(r.k == 0 for r in result.rounds) > len(result.rounds) // 2
+
+
+def test_k_auto_looks_again_soon_after_one_unlucky_first_round_and_not_after_a_clear_verdict():
+    """A first round whose first draft missed says little (one position judged): the controller looks again after
+    LOOK_UNSURE plain steps; once EVIDENCE positions have been judged against the draft, only the probe budget decides."""
+    from specdec.core.schedule import EVIDENCE, LOOK_UNSURE, AdaptiveK
+
+    def chosen_after(first, rounds: int) -> list[int]:
+        controller = AdaptiveK()
+        controller.observe(first)
+        ks = []
+        for _ in range(rounds):
+            ks.append(controller.next_k())
+            round_ = synthetic_round(ks[-1], 0, draft_time=0.3 * ks[-1], target_time=1.0)
+            round_.wall_time_s = round_.draft_time_s + 1.0
+            controller.observe(round_)
+        return ks
+
+    unlucky = chosen_after(synthetic_round(4, 0, draft_time=1.2, target_time=1.0), LOOK_UNSURE + 1)
+    assert unlucky[:LOOK_UNSURE] == [0] * LOOK_UNSURE and unlucky[LOOK_UNSURE] == 1
+    judged = synthetic_round(8, 2, draft_time=2.4, target_time=1.0)  # 3 positions judged, the third rejected
+    assert sum(judged.matches[:3]) == 2 and EVIDENCE <= 3
+    clear = chosen_after(judged, LOOK_UNSURE + 1)
+    assert clear[LOOK_UNSURE] == 0

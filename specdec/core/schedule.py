@@ -21,7 +21,8 @@ token it missed, one forward of m tokens priced draft·v(m) (v's shape stands in
 round with one draft costs over a plain one. So looking again never costs more than EXPLORE of the time spent at
 k = 0, and a draft left behind for long is looked at less often, as its catch-up grows; yet never more than
 LOOK_AFTER_MAX plain steps pass without a look (a catch-up that grows faster than the budget would otherwise end
-the looking for good). Until a round has been observed, k = K_AUTO_START.
+the looking for good), and while fewer than EVIDENCE draft positions have been judged (one unlucky first round)
+it looks again after LOOK_UNSURE. Until a round has been observed, k = K_AUTO_START.
 """
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ DECAY = 0.9  # weight of the past per round: about the last 10 rounds decide
 PRIOR_ROUNDS = 1.0  # pseudo-rounds at the pooled acceptance rate added to every position
 EXPLORE = 0.02  # probes at k = 0 may cost at most this share of the time spent in plain steps
 LOOK_AFTER_MAX = 128  # ... yet at most this many plain steps pass between two looks
+EVIDENCE = 3.0  # draft positions judged (decayed) below which a verdict against drafting is not final ...
+LOOK_UNSURE = 8  # ... and the controller looks again after this many plain steps
 MARGIN = 0.05  # drafting must be predicted this much faster than a plain step to be chosen (noise, misprediction)
 
 
@@ -97,7 +100,8 @@ class AdaptiveK:
             best = 0
         if best > 0:
             return best
-        return 1 if self.missed >= LOOK_AFTER_MAX or self.plain_s * EXPLORE >= self.probe_price() else 0
+        unsure = sum(self.reached) < EVIDENCE and self.missed >= LOOK_UNSURE
+        return 1 if unsure or self.missed >= LOOK_AFTER_MAX or self.plain_s * EXPLORE >= self.probe_price() else 0
 
     def probe_price(self) -> float:
         """Predicted seconds a probe (k = 1) costs over a plain step: the draft's catch-up over the `missed` tokens
