@@ -128,17 +128,35 @@ class Conversion(Writer):
                 assert digest(folder) == reference[dtype], f"a reader would open a partial {dtype} folder"
 
 
-class Int8Store(Writer):
-    """The int8 store of a GGUF, made straight from its tensors, next to a float32 conversion made earlier."""
+class Store(Writer):
+    """A quantized store: `load_model(source, quant=...)` on a cache holding `seeded` (journaled once made)."""
 
-    name = "int8-store"
+    quant = ""
+
+    def source(self, world) -> Path:
+        raise NotImplementedError
+
+    def seeded(self, world) -> Path:
+        raise NotImplementedError
 
     def code(self, world, places):
         return (f"from faults import journal; from specdec.models import load_model\n"
-                f"load_model({str(world.gguf)!r}, quant='int8'); journal('int8')\n")
+                f"load_model({str(self.source(world))!r}, quant={self.quant!r}); journal({self.quant!r})\n")
 
     def seed(self, world, places):
-        shutil.copytree(world.float32_cache, places.cache, dirs_exist_ok=True)
+        shutil.copytree(self.seeded(world), places.cache, dirs_exist_ok=True)
+
+
+class Int8Store(Store):
+    """The int8 store of a GGUF, made straight from its tensors, next to a float32 conversion made earlier."""
+
+    name, quant = "int8-store", "int8"
+
+    def source(self, world):
+        return world.gguf
+
+    def seeded(self, world):
+        return world.float32_cache
 
     def stores(self, world) -> tuple[Path, Path]:
         key = loading._gguf_key(world.gguf)[0]
@@ -156,17 +174,16 @@ class Int8Store(Writer):
             assert digest(store) == reference[0], "a reader would open a partial int8 store"
 
 
-class Int4Store(Writer):
+class Int4Store(Store):
     """The int4 store of a folder, replacing one of an older format (a folder moved aside, then replaced)."""
 
-    name = "int4-store"
+    name, quant = "int4-store", "int4"
 
-    def code(self, world, places):
-        return (f"from faults import journal; from specdec.models import load_model\n"
-                f"load_model({str(world.folder)!r}, quant='int4'); journal('int4')\n")
+    def source(self, world):
+        return world.folder
 
-    def seed(self, world, places):
-        shutil.copytree(world.old_int4_cache, places.cache, dirs_exist_ok=True)
+    def seeded(self, world):
+        return world.old_int4_cache
 
     def store(self, world) -> Path:
         return quant_store.store_folder(world.folder, quant_store.INT4)

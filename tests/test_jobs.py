@@ -1,6 +1,7 @@
 """Background distillations on a public host: a bounded number at once, cancellable, a name checked before the
 work starts, a running one's folder safe from preparing the same name again (work stand-ins, no training), and
 the list kept across a restart of the app (a job killed with the app resumes from its checkpoint: tiny models)."""
+import contextlib
 import threading
 import time
 
@@ -79,27 +80,34 @@ def test_a_name_too_long_for_its_distilled_copy_is_refused_before_any_work(paths
     assert jobs.jobs() == []
 
 
-def test_preparing_a_name_again_while_it_is_distilled_is_refused_and_keeps_its_folder():
-    run = service.runs_root() / "busy"
-    (run / "checkpoint").mkdir(parents=True)
+@contextlib.contextmanager
+def distilling(run):
+    """Hold the lock service.distil holds on the run folder `run` while it trains (in this process or another)."""
     holding, release = threading.Event(), threading.Event()
 
-    def distilling():  # what service.distil holds while it trains (in this process or another)
+    def hold():
         with cache.locked(run):
             holding.set()
             release.wait(30)
-    thread = threading.Thread(target=distilling)
+    thread = threading.Thread(target=hold)
     thread.start()
     try:
         assert holding.wait(30)
+        yield
+    finally:
+        release.set()
+        thread.join()
+
+
+def test_preparing_a_name_again_while_it_is_distilled_is_refused_and_keeps_its_folder():
+    run = service.runs_root() / "busy"
+    (run / "checkpoint").mkdir(parents=True)
+    with distilling(run):
         with pytest.raises(ValueError, match="busy is being distilled"):
             service.transplant(None, None, name="busy")
         with pytest.raises(ValueError, match="busy is already being distilled"):
             service.distil(None, "busy", steps=1)
         assert (run / "checkpoint").is_dir()
-    finally:
-        release.set()
-        thread.join()
 
 
 def restarted() -> list[jobs.Job]:
@@ -130,20 +138,8 @@ def test_a_job_another_live_process_runs_is_not_shown_interrupted():
     """Its run folder's lock is held (service.distil holds it while it trains): it is that process's job."""
     jobs._keep(jobs.Job("elsewhere", 10, done=3))
     jobs._keep(jobs.Job("dead", 10, done=3))
-    holding, release = threading.Event(), threading.Event()
-
-    def distilling():
-        with cache.locked(service.runs_root() / "elsewhere"):
-            holding.set()
-            release.wait(30)
-    thread = threading.Thread(target=distilling)
-    thread.start()
-    try:
-        assert holding.wait(30)
+    with distilling(service.runs_root() / "elsewhere"):
         (dead,) = restarted()
-    finally:
-        release.set()
-        thread.join()
     assert (dead.name, dead.state, dead.done) == ("dead", jobs.INTERRUPTED, 3)
     assert "interrupted at step 3 of 10" in dead.line() and "starts over: no checkpoint was saved" in dead.line()
 
