@@ -1,6 +1,8 @@
-"""A request's `Budget` (prompt tokens, a deadline) in the engine and the calibration, on tiny seeded models."""
+"""A request's `Budget` (prompt tokens, a deadline) in the engine, the calibration and a model's first load in the
+app, on tiny seeded models."""
 import time
 
+import gradio as gr
 import pytest
 import torch
 
@@ -9,7 +11,12 @@ from specdec.core.drafter import Proposal
 from specdec.core.engine import PREFILL_CHUNK
 from specdec.core.limits import Budget, BudgetExceeded
 from specdec.costs.calibration import calibrate
+from specdec.dashboard.config import AppConfig
+from specdec.dashboard.handlers import speculate
+from specdec.dashboard.hub import ModelHub
+from specdec.models import ModelPool, cache, convert
 from specdec.testing import perturbed_copy, tiny_model
+from test_models_gguf import install_package, write_tiny_gguf
 
 LONG = 2 * PREFILL_CHUNK + 100  # a prompt read in three chunks
 
@@ -79,3 +86,35 @@ def test_a_calibration_past_the_deadline_stops_and_stores_nothing(target, tmp_pa
         calibrate(target, None, n_max=2, repeats=1, cache_dir=tmp_path, budget=Budget(seconds=0))
     assert list(tmp_path.iterdir()) == []
     assert calibrate(target, None, n_max=2, repeats=1, cache_dir=tmp_path).measured_now
+
+
+TIME_LIMIT_S = 4  # the host's limit in the load test: a load from the assembled GGUF fits it
+
+
+def test_a_first_load_past_the_time_limit_stops_at_its_next_stage_and_the_app_keeps_serving(tmp_path, monkeypatch):
+    """A catalogue package is assembled (slowly: past the limit), then would be converted: the request stops
+    before converting, with one line; the assembled GGUF is kept, and the next request converts and answers."""
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "tiny.gguf"
+    write_tiny_gguf(gguf, tiny_model("llama", 0, vocab_size=300))
+    name = install_package(gguf, tmp_path, monkeypatch)
+    assemblies, conversions = [], []
+    concatenate, dequantize = cache._concatenate, convert.dequantize
+
+    def slow_assembly(*args):
+        assemblies.append(concatenate(*args))
+        time.sleep(TIME_LIMIT_S + 0.2)
+    monkeypatch.setattr(cache, "_concatenate", slow_assembly)
+    monkeypatch.setattr(convert, "dequantize", lambda *args: (conversions.append(args), dequantize(*args))[1])
+    hub = ModelHub(AppConfig(time_limit_s=TIME_LIMIT_S, dtype="float32"), pool=ModelPool())
+    ask = lambda: speculate(hub, name, "lookup", "the tiny prompt", 2, 4, 0.0, 0)  # noqa: E731
+    with pytest.raises(gr.Error) as stopped:
+        ask()
+    message = str(stopped.value)
+    assert f"time limit of {TIME_LIMIT_S} s while loading the target {name}, at: converting" in message
+    assert "\n" not in message and str(cache.root()) not in message and "What it finished is kept" in message
+    assert (len(assemblies), conversions, hub.pool.loaded()) == (1, [], [])  # stopped before converting
+    assert cache.gguf_path("tiny-packaged.gguf").is_file() and cache.converted_dtypes(name) == []
+    answer = ask()
+    assert answer["token_ids"] and (len(assemblies), len(conversions)) == (1, 1)  # the GGUF was not assembled again
+    assert cache.converted_dtypes(name) == ["float32"]

@@ -98,3 +98,16 @@ def test_a_retrained_draft_under_the_same_name_never_reuses_old_rows(setup, tmp_
     ids_folder(tmp_path / "draft", 2)  # the same folder, new weights
     assert main(argv(target, draft, out)) == 1
     assert "other weights" in capsys.readouterr().err
+
+
+def test_charts_cut_short_by_a_kill_are_written_whole_by_the_next_run(setup):
+    """plotly writes a chart and its plotly.min.js in place, and the bundle never again once there."""
+    from plotly.offline import get_plotlyjs
+
+    target, draft, out = setup
+    assert main(argv(target, draft, out)) == 0
+    bundle, chart = out / "plotly.min.js", out / "speedup_vs_k.html"
+    for path in (bundle, chart):
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    assert main(argv(target, draft, out)) == 0  # every cell is there: it only reports again
+    assert bundle.read_text() == get_plotlyjs() and chart.read_text().rstrip().endswith("</html>")

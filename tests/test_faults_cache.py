@@ -148,3 +148,39 @@ def test_a_kill_while_a_folder_is_replaced_keeps_the_old_one():
         partial.mkdir()
         (partial / "version").write_text("3")
     assert (final / "version").read_text() == "3" and sorted(p.name for p in final.parent.iterdir()) == ["draft"]
+
+
+WRITE_AND_PAUSE = ("from pathlib import Path; from specdec.core import files\n"
+                   "with files.atomic_path(Path({final!r})) as partial:\n"
+                   "    partial.write_text('half'); {then}")
+
+
+def test_a_write_outside_the_cache_removes_what_killed_writers_of_it_left_and_keeps_a_live_one(tmp_path):
+    """A run folder has no clean_stale: the next write of a file there removes its dead writers' partials."""
+    final = tmp_path / "run" / "report.json"
+    kill_at(WRITE_AND_PAUSE.format(final=str(final), then="pause()"), "pause")
+    assert len(files.partials_of(final)) == 1 and list(final.parent.glob("report.json.writer-*"))
+    with paused(WRITE_AND_PAUSE.format(final=str(final), then="pause()")):
+        files.write_text(final, "whole")
+        assert final.read_text() == "whole" and len(files.partials_of(final)) == 1  # the live writer's
+    files.write_text(final, "again")
+    assert sorted(p.name for p in final.parent.iterdir()) == ["report.json"]
+
+
+REMOVE = ("import shutil; from pathlib import Path; from specdec.core import files\n"
+          "rmtree = shutil.rmtree\n"
+          "def first_file_then_pause(path, ignore_errors=False):\n"
+          "    sorted(Path(path).iterdir())[0].unlink(); pause()\n"
+          "shutil.rmtree = first_file_then_pause\n"
+          "files.remove(Path({folder!r}))")
+
+
+def test_a_folder_removal_killed_midway_never_leaves_it_with_files_missing():
+    """An older checkpoint, or a run replaced with --overwrite: never left under its name, half deleted."""
+    folder = cache.root() / "aligned-runs" / "job" / "checkpoint" / "step-00000001"
+    folder.mkdir(parents=True)
+    for name in ("draft.safetensors", "optimizer.pt", "trainer_state.json"):
+        (folder / name).write_text(name)
+    kill_at(REMOVE.format(folder=str(folder)), "pause")
+    assert not folder.exists() and len(partials()) == 1
+    assert cache.clean_stale() == 1 and partials() == [] and list(folder.parent.iterdir()) == []

@@ -8,9 +8,11 @@ partial, which no reader opens.
 
 While the partial may exist its writer holds an flock on a token, `NAME.writer-<pid>-<thread>` (made before the
 partial, removed after; the kernel releases the lock when the process dies), so cleanup can tell a live write
-from a dead one (`writer_gone`; `specdec.models.cache.clean_stale` removes the cache's dead partials). A folder
-being replaced is first moved aside as `<partial>.previous` and deleted once the new one is in place; a kill in
-between leaves it, and `discard` puts it back.
+from a dead one (`writer_gone`; `specdec.models.cache.clean_stale` removes the cache's dead partials, and each
+write removes those of its own destination first, `reap`, so a run folder outside the cache is cleaned by its
+next write). A folder being replaced is first moved aside as `<partial>.previous` and deleted once the new one
+is in place; a kill in between leaves it, and `discard` puts it back. A folder deleted (`remove`) is renamed to
+a partial first, so a kill midway never leaves it under its own name with files missing.
 """
 from __future__ import annotations
 
@@ -92,10 +94,20 @@ def _writing(partial: Path) -> Iterator[None]:
     try:
         for stale in (partial, partial.with_name(partial.name + PREVIOUS)):  # left by a dead writer of this name
             discard(stale)
+        reap(destination(partial))
         yield
     finally:
         token.unlink(missing_ok=True)
         handle.close()
+
+
+def reap(final: Path) -> None:
+    """Remove what dead writers of `final` left next to it (partials, folders moved aside, tokens); a live
+    writer's stay. A folder outside the cache has no `clean_stale`: its next write cleans it."""
+    for left in partials_of(final) + list(final.parent.glob(f"{final.name}{WRITER}*")):
+        with contextlib.ExitStack() as held:
+            if writer_gone(token_of(left), held) and PARTIAL in left.name:
+                discard(left)
 
 
 def token_of(partial: Path) -> Path:
@@ -165,9 +177,15 @@ def fsync(path: Path) -> None:
 
 
 def remove(path: Path) -> None:
-    """Delete a file or a folder tree, if there."""
+    """Delete a file or a folder tree, if there (a folder is renamed to a partial first: see the module)."""
     path = Path(path)
-    if path.is_dir():
+    if path.is_dir() and not path.is_symlink():
+        if not in_progress(path):
+            doomed = partial_path(path)
+            if doomed.exists():  # a killed removal of this name by this pid and thread left it
+                shutil.rmtree(doomed, ignore_errors=True)
+            os.replace(path, doomed)
+            path = doomed
         shutil.rmtree(path, ignore_errors=True)
-    elif path.exists():
+    elif path.exists() or path.is_symlink():
         path.unlink()

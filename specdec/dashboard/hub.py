@@ -126,12 +126,12 @@ class ModelHub:
     def target(self, name: str, progress=None, budget: Budget = Budget()):
         """The loaded target (a specdec LoadedModel); a first load reports its stages to `progress`.
 
-        The request's `budget` is checked once it is loaded (a load itself runs to its end: the next request
-        finds the model in the pool)."""
+        The request's `budget` is checked as each stage of a first load begins (`stages`: what the stages before
+        stored stays, so the next request continues from there) and once the model is loaded."""
         name = self.check(name, "target")
         if progress is not None:
             progress(0.0, desc=f"loading target {name} (a first load can take a minute)…")
-        loaded = self.pool.get(name, dtype=self.config.dtype, progress=stages(progress))
+        loaded = self.pool.get(name, dtype=self.config.dtype, progress=stages(progress, budget, f"the target {name}"))
         budget.check("loading the target")
         return loaded
 
@@ -143,7 +143,8 @@ class ModelHub:
         vocabulary = Vocabulary.of(bridge)
         if progress is not None:
             progress(0.5, desc=f"loading draft {name}…")
-        draft = self.pool.draft(name, target, dtype=self.config.dtype, bridge=vocabulary, progress=stages(progress))
+        draft = self.pool.draft(name, target, dtype=self.config.dtype, bridge=vocabulary,
+                                progress=stages(progress, budget, f"the draft {name}"))
         budget.check("loading the draft")
         return draft
 
@@ -194,8 +195,21 @@ def request_proxied() -> bool:
     return headers is not None and proxied({str(k).lower(): str(v) for k, v in headers.items()})
 
 
-def stages(progress):
-    """specdec.models' progress callback (stage, fraction) as a gr.Progress update, or None."""
-    if progress is None:
+def stages(progress, budget: Budget = Budget(), loading: str = ""):
+    """specdec.models' progress callback (stage, fraction) as a gr.Progress update, or None (no progress, no limit).
+
+    With a time limit, `budget` is checked as each stage begins (a new stage message): the load's safe points,
+    where every stage before it (assembling, converting, quantizing) is stored whole in the cache. A load past the
+    limit stops there with one line (BudgetExceeded) instead of running its next stages, and the next request
+    continues from what is stored. `loading` names the model for that line."""
+    if progress is None and budget.seconds is None:
         return None
-    return lambda stage, fraction: progress(fraction, desc=stage)
+    begun = set()
+
+    def report(stage: str, fraction: float) -> None:
+        if progress is not None:
+            progress(fraction, desc=stage)
+        if stage not in begun:
+            begun.add(stage)
+            budget.check(f"loading {loading}, at: {stage}. What it finished is kept: ask again to continue")
+    return report
