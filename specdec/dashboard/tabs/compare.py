@@ -232,7 +232,7 @@ def cancel_distill(hub: ModelHub, spec) -> str:
 
 def training_status(hub: ModelHub, known: list[str] | None, compare_columns: int) -> tuple:
     """The job list, the aligned drafts now registered, and fresh draft lists when those changed (else skips)."""
-    lines = [job.line() for job in jobs.jobs()] or ["no distillation started since the app started"]
+    lines = [job.line() for job in jobs.jobs()] or ["no distillation jobs yet"]
     names = [card.spec for card in hub.aligned_drafts()]
     if names == (known or []):
         return ("\n".join(lines), names, *[gr.skip()] * (compare_columns + 2))
