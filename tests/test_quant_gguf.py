@@ -307,3 +307,27 @@ def test_the_models_command_names_each_store_with_its_size_and_one_made_again(tm
     with loading.assembled(entries.find(name)):  # assembled while another reads it
         line, _ = listing(capsys)
         assert f"; its GGUF assembled ({cache.size_text(gguf_file.stat().st_size)})" in line
+
+
+def test_building_a_model_from_a_gguf_parses_its_metadata_twice_and_keeps_no_memory_map(tmp_path, monkeypatch):
+    """A GGUF's metadata (a whole tokenizer) takes seconds to parse: building the int8 model reads the config, the
+    tokenizer and the tensors from one parse of ours and one of transformers', the same model as parsing each time,
+    and nothing parsed is kept once it is built (`gguf_read.forget`)."""
+    path = mixed_gguf(tmp_path, "qwen2", tied=True)
+    parses = []
+    original = gguf.GGUFReader.__init__
+
+    def counted(self, *args, **kwargs):
+        parses.append(args)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(gguf.GGUFReader, "__init__", counted)
+    loading.architecture(str(path))  # the format calibration's config, before the store is made
+    made = load_model(str(path), quant="int8")
+    assert len(parses) == 2
+    assert gguf_read._reader.cache_info().currsize == gguf_read._metadata.cache_info().currsize == 0
+    gguf_read.forget()
+    monkeypatch.setattr(gguf_read, "_identity", lambda path: (str(path), len(parses), 0))  # a new key per call
+    again = quant.int8_from_gguf(path)[0]
+    assert len(parses) > 2
+    assert torch.equal(made.model(IDS).logits, again(IDS).logits)

@@ -8,9 +8,19 @@ the rotary tables computed) with its tokenizer, and `fill(model, GGUFWeights)` r
 and with its rows in transformers' order, so a tensor comes out bitwise as in the float32 conversion. Read this way:
 llama- and qwen2-style GGUFs (`reads`), those whose tensors transformers only reorders (llama.cpp interleaves the
 rotary halves of llama q/k rows); others need transformers' own conversion.
+
+A GGUF's metadata holds its tokenizer (150k tokens and as many merges for the catalogue's models), which the gguf
+package parses field by field: about 10 s per parse on a 2-core CPU, and building one model from a GGUF used to
+parse it four or five times (the format calibration's config, the config, the tokenizer, `reads`, the tensors).
+So the file is parsed once while it is used: `reader(path)` keeps the last GGUFReader, and transformers' metadata
+read (`load_gguf_checkpoint` without tensors: what `AutoConfig` and `AutoTokenizer` call) keeps its last result,
+each keyed by the file's path, size and modification time; `forget()` drops both once a model is built, so no
+memory map outlives its use (an assembled GGUF is removed once stored).
 """
 from __future__ import annotations
 
+import copy
+import functools
 from pathlib import Path
 from typing import Callable
 
@@ -19,11 +29,51 @@ import numpy as np
 import torch
 from accelerate import init_empty_weights
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers import modeling_gguf_pytorch_utils
 from transformers.modeling_gguf_pytorch_utils import (
     TENSOR_PROCESSORS, LlamaTensorProcessor, TensorProcessor, get_gguf_hf_weights_map, read_field)
 
 ROW_PROCESSORS = (TensorProcessor, LlamaTensorProcessor)  # transformers' GGUF tensor fixes that only reorder rows
 UNREADABLE = (OSError, ValueError, KeyError, IndexError)  # what GGUFReader raises on a file that is not a GGUF
+
+
+def _identity(path) -> tuple[str, int, int]:
+    stat = Path(path).stat()
+    return str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns
+
+
+@functools.lru_cache(maxsize=1)
+def _reader(identity: tuple[str, int, int]) -> gguf.GGUFReader:
+    return gguf.GGUFReader(identity[0])
+
+
+def reader(path: Path) -> gguf.GGUFReader:
+    """The GGUFReader of `path`, parsed once while the file is unchanged (module docstring)."""
+    return _reader(_identity(path))
+
+
+_transformers_metadata = modeling_gguf_pytorch_utils.load_gguf_checkpoint
+
+
+@functools.lru_cache(maxsize=1)
+def _metadata(identity: tuple[str, int, int]) -> dict:
+    return _transformers_metadata(identity[0], return_tensors=False)
+
+
+def _load_gguf_checkpoint(gguf_checkpoint_path, return_tensors=False, **kwargs):
+    """transformers' `load_gguf_checkpoint`, its metadata-only read kept for the last file (module docstring)."""
+    if return_tensors or kwargs:
+        return _transformers_metadata(gguf_checkpoint_path, return_tensors, **kwargs)
+    return copy.deepcopy(_metadata(_identity(gguf_checkpoint_path)))  # callers may change what they are given
+
+
+modeling_gguf_pytorch_utils.load_gguf_checkpoint = _load_gguf_checkpoint  # read at each call by AutoConfig/Tokenizer
+
+
+def forget() -> None:
+    """Drop the kept GGUFReader and metadata (their memory map and memory)."""
+    _reader.cache_clear()
+    _metadata.cache_clear()
 
 
 def from_gguf(path: Path, fill: Callable[[torch.nn.Module, "GGUFWeights"], None],
@@ -39,14 +89,17 @@ def from_gguf(path: Path, fill: Callable[[torch.nn.Module, "GGUFWeights"], None]
         fill(model, GGUFWeights(path, model))
     except (OSError, KeyError, RuntimeError, NotImplementedError) as error:
         raise ValueError(f"cannot build an {form} model from {path.name}: {error}") from error
+    finally:
+        forget()
     return model.eval(), tokenizer
 
 
 def reads(path: Path) -> bool:
     """Whether `path` is a GGUF of an architecture read tensor by tensor here (llama- or qwen2-style)."""
     try:
-        _processor(gguf.GGUFReader(path))
+        _processor(reader(path))
     except (*UNREADABLE, NotImplementedError):
+        forget()
         return False
     return True
 
@@ -69,10 +122,10 @@ class GGUFWeights:
     tied: bool  # whether the head is the embedding (the GGUF has no `output.weight`)
 
     def __init__(self, path: Path, model: torch.nn.Module):
-        reader = gguf.GGUFReader(path)
-        self.processor = _processor(reader)(config=model.config.to_dict())
+        parsed = reader(path)
+        self.processor = _processor(parsed)(config=model.config.to_dict())
         names = get_gguf_hf_weights_map(model, self.processor)  # gguf name -> transformers name
-        self.tensors = {names[t.name]: t for t in reader.tensors if t.name in names}
+        self.tensors = {names[t.name]: t for t in parsed.tensors if t.name in names}
         head = f"{module_name(model, model.get_output_embeddings())}.weight"
         self.tied = head not in self.tensors
         self.tensors.setdefault(head, self.tensors[f"{module_name(model, model.get_input_embeddings())}.weight"])
