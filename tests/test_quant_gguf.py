@@ -6,6 +6,7 @@ import json
 from types import SimpleNamespace
 
 import gguf
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -309,10 +310,10 @@ def test_the_models_command_names_each_store_with_its_size_and_one_made_again(tm
         assert f"; its GGUF assembled ({cache.size_text(gguf_file.stat().st_size)})" in line
 
 
-def test_building_a_model_from_a_gguf_parses_its_metadata_twice_and_keeps_no_memory_map(tmp_path, monkeypatch):
+def test_building_a_model_from_a_gguf_parses_its_metadata_once_and_keeps_no_memory_map(tmp_path, monkeypatch):
     """A GGUF's metadata (a whole tokenizer) takes seconds to parse: building the int8 model reads the config, the
-    tokenizer and the tensors from one parse of ours and one of transformers', the same model as parsing each time,
-    and nothing parsed is kept once it is built (`gguf_read.forget`)."""
+    tokenizer and the tensors from one parse (ours, which transformers' reads share), the same model as parsing
+    each time, and nothing parsed is kept once it is built (`gguf_read.forget`)."""
     path = mixed_gguf(tmp_path, "qwen2", tied=True)
     parses = []
     original = gguf.GGUFReader.__init__
@@ -324,10 +325,24 @@ def test_building_a_model_from_a_gguf_parses_its_metadata_twice_and_keeps_no_mem
     monkeypatch.setattr(gguf.GGUFReader, "__init__", counted)
     loading.architecture(str(path))  # the format calibration's config, before the store is made
     made = load_model(str(path), quant="int8")
-    assert len(parses) == 2
+    assert len(parses) == 1
     assert gguf_read._reader.cache_info().currsize == gguf_read._metadata.cache_info().currsize == 0
     gguf_read.forget()
     monkeypatch.setattr(gguf_read, "_identity", lambda path: (str(path), len(parses), 0))  # a new key per call
     again = quant.int8_from_gguf(path)[0]
-    assert len(parses) > 2
+    assert len(parses) > 1
     assert torch.equal(made.model(IDS).logits, again(IDS).logits)
+
+
+def test_the_fast_reader_reads_every_field_and_tensor_as_gguf_does(tmp_path):
+    path = mixed_gguf(tmp_path, "qwen2", tied=True)
+    full, fast = gguf.GGUFReader(path), gguf_read.FastReader(path)
+    assert [(t.name, t.tensor_type, t.data_offset) for t in fast.tensors] == \
+        [(t.name, t.tensor_type, t.data_offset) for t in full.tensors]
+    assert all(np.array_equal(a.data, b.data) for a, b in zip(fast.tensors, full.tensors))
+    assert "tokenizer.ggml.tokens" in full.fields and fast.fields.keys() == full.fields.keys()
+    for name, field in full.fields.items():
+        ours = fast.fields[name]
+        assert (ours.offset, ours.name, ours.data, ours.types) == (field.offset, field.name, field.data, field.types)
+        assert [bytes(p) for p in ours.parts] == [bytes(p) for p in field.parts], name
+        assert [p.dtype for p in ours.parts] == [p.dtype for p in field.parts], name
