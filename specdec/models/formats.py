@@ -167,8 +167,9 @@ def time_formats(config, formats, *, device: str = "cpu", repeats: int = REPEATS
             model = quant.couple_rows(int8)  # the int8 model just timed, run by fbgemm's dynamic kernel: as to_format
         else:
             model = to_format(copy.deepcopy(original).to(_dtype(format_)), format_)
-        int8 = model if format_ == "int8" else None
         timings.append(_timed(model, config.num_hidden_layers, format_, repeats))
+        int8 = model if format_ == "int8" else None
+        del model  # before the next format's copy is made: one format's model alive at a time
     return timings
 
 
@@ -203,7 +204,7 @@ def random_model(config, layers: int, device: str = "cpu") -> torch.nn.Module:
             if parameter.dim() == 1:
                 parameter.fill_(0.0 if name.endswith("bias") else 1.0)  # norms 1, biases 0
             else:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) / parameter.shape[-1] ** 0.5)
+                parameter.normal_(0.0, parameter.shape[-1] ** -0.5, generator=generator)  # in place: no copy
     return model.to(device)
 
 
