@@ -40,7 +40,7 @@ def test_int8_linear_row_i_of_m_rows_is_row_i_alone(shape):
         x = torch.randn(1, rows, shape[1]) * torch.logspace(-2, 2, rows)[None, :, None]  # rows of other scales
         assert rows_alone_equal(layer, x)
     x = torch.randn(5, shape[1])
-    reference = torch.nn.functional.linear(x, layer.weight.float() * layer.weight_scale[:, None], layer.bias)
+    reference = torch.nn.functional.linear(x, layer.int8_weight().float() * layer.weight_scale[:, None], layer.bias)
     assert torch.allclose(layer(x), reference, rtol=0.05, atol=0.05 * reference.abs().max().item())
 
 
@@ -55,6 +55,15 @@ def test_fbgemm_and_int_mm_give_the_same_exact_sums():
         assert torch.equal(quant._fbgemm_mm(x_q, packed), quant._int_mm(x_q, weight))
 
 
+def without_packed_copy(layer: Int8Linear) -> Int8Linear:
+    """`layer`'s int8 weight, scales and bias in a layer with no packed copy: torch._int_mm on the weight it holds."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(quant, "fbgemm_is_exact", lambda: False)
+        plain = Int8Linear.from_quantized(layer.int8_weight(), layer.weight_scale, layer.bias)
+    assert plain.packed is None and not plain.weight.is_meta
+    return plain
+
+
 @pytest.mark.parametrize("min_rows", [1, 4, 100])
 def test_int8_linear_bits_do_not_depend_on_the_kernel(monkeypatch, min_rows):
     """fbgemm from min_rows rows on, torch._int_mm below, or _int_mm only (no packed copy): the same bits."""
@@ -65,8 +74,7 @@ def test_int8_linear_bits_do_not_depend_on_the_kernel(monkeypatch, min_rows):
     monkeypatch.setattr(quant, "FBGEMM_MIN_ROWS", min_rows)
     assert torch.equal(layer(x), expected)
     assert rows_alone_equal(layer, x[None])
-    layer.packed = None
-    assert torch.equal(layer(x), expected)
+    assert torch.equal(without_packed_copy(layer)(x), expected)
 
 
 def test_int8_linear_zero_row_gives_bias():
@@ -343,12 +351,11 @@ def test_a_saturating_kernel_is_measured_inexact_for_8_bit_weights_and_exact_for
 def test_without_vnni_int8_layers_keep_7_bit_weights_on_the_fast_kernel_row_invariant(avx2_without_vnni):
     torch.manual_seed(0)
     layer = Int8Linear(torch.randn(96, 64), torch.randn(96))
-    assert int(layer.weight.abs().max()) == 63 and layer.packed is not None  # fbgemm, never the slow fallback
+    assert int(layer.int8_weight().abs().max()) == 63 and layer.packed is not None  # fbgemm, never the slow fallback
     x = torch.randn(1, 9, 64) * torch.logspace(-2, 2, 9)[None, :, None]
     assert rows_alone_equal(layer, x)
     fast = layer(x)
-    layer.packed = None  # torch._int_mm: the exact sums
-    assert torch.equal(fast, layer(x))
+    assert torch.equal(fast, without_packed_copy(layer)(x))  # torch._int_mm: the exact sums
 
 
 def test_a_store_of_8_bit_weights_is_not_run_on_a_kernel_that_sums_them_inexactly(avx2_without_vnni):

@@ -155,7 +155,7 @@ def test_a_store_quantized_for_another_weight_limit_is_made_again_for_this_machi
     monkeypatch.setattr(quant, "weight_limit", lambda: 63)
     again = load_model(str(folder), quant="int8")
     assert again.source == "folder" and "weights up to 127" in capsys.readouterr().err
-    assert all(int(m.weight.abs().max()) <= 63 for m in again.model.modules() if isinstance(m, quant.Int8Linear))
+    assert all(int(m.int8_weight().abs().max()) <= 63 for m in again.model.modules() if isinstance(m, quant.Int8Linear))
     with monkeypatch.context() as patch:
         no_float32_pass(patch)
         assert load_model(str(folder), quant="int8").source == "cache (int8)"

@@ -58,9 +58,10 @@ class LoadedModel:
 
     @property
     def memory_bytes(self) -> int:
-        """Bytes of parameters and buffers (what the pool's budget counts)."""
+        """Bytes of parameters and buffers (what the pool's budget counts); an int8 weight held only as fbgemm's
+        packed copy (a meta buffer, `quant.Int8Linear`) counts its int8 bytes, which that copy holds."""
         tensors = list(self.model.parameters()) + list(self.model.buffers())
-        unique = {t.data_ptr(): t.numel() * t.element_size() for t in tensors}  # tied weights count once
+        unique = {id(t) if t.is_meta else t.data_ptr(): t.numel() * t.element_size() for t in tensors}  # tied: once
         return sum(unique.values())
 
 

@@ -137,9 +137,13 @@ class Int8Linear(torch.nn.Module):
 
     fbgemm or torch._int_mm (FBGEMM_MIN_ROWS, fbgemm_is_exact) give the same exact sums, then the same
     y = (sums * w_scale) * x_scale + b, so which kernel ran never changes a bit.
+
+    Where fbgemm computes every product, its packed copy is the only one in memory: `weight` is then a meta tensor
+    of the int8 weight's shape and dtype, and `int8_weight()` recovers the weight bit for bit from the packed copy
+    (for `state_dict`, `couple_rows` and the torch._int_mm fallback), so the state_dict is the same either way.
     """
 
-    weight: torch.Tensor  # [out, in] int8 (a buffer: `.weight.shape` still reads as a Linear's)
+    weight: torch.Tensor  # [out, in] int8 (a buffer: `.weight.shape` still reads as a Linear's; meta when packed)
     weight_scale: torch.Tensor  # [out] float32: W ≈ weight * weight_scale[:, None]
     bias: torch.Tensor | None  # [out] float32
 
@@ -157,7 +161,7 @@ class Int8Linear(torch.nn.Module):
     def from_quantized(cls, weight: torch.Tensor, weight_scale: torch.Tensor,
                        bias: torch.Tensor | None = None) -> "Int8Linear":
         """The layer whose `state_dict` holds these (int8 weight [out, in], float32 weight_scale [out], bias [out]),
-        as `cls(w, b)` made it, without quantizing again."""
+        as `cls(w, b)` made it, without quantizing again. Meta tensors make a shell that `load_state_dict` fills."""
         layer = cls.__new__(cls)
         torch.nn.Module.__init__(layer)
         layer._hold(weight, weight_scale, bias)
@@ -170,22 +174,55 @@ class Int8Linear(torch.nn.Module):
         self.register_buffer("weight_scale", weight_scale)
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
         self.coupled = None  # fbgemm's dynamic-quantization copy, once `couple_rows` made the layer a draft's
-        fits = not weight.numel() or int(weight.abs().max()) <= weight_limit()  # a stored weight may be wider
-        self.packed = _pack(self.weight) if fits and fbgemm_is_exact() else None  # fbgemm's copy of `weight`
-        if self.packed is not None and not _same_sums(self.packed, self.weight):
+        self.keeps_weight = False  # whether `weight` stays in memory beside a packed copy (`keep_weight`)
+        self._take(weight)
+
+    def _take(self, weight: torch.Tensor) -> None:
+        """Hold int8 `weight` [out, in] as fbgemm's packed copy where that is exact, and the weight itself only where
+        a product or a reader still needs it (a meta weight: a shell, nothing packed until loaded)."""
+        fits = not weight.is_meta and (not weight.numel() or int(weight.abs().max()) <= weight_limit())  # stored: wider?
+        self.packed = _pack(weight) if fits and fbgemm_is_exact() else None
+        if self.packed is not None and not _same_sums(self.packed, weight):
             self.packed = None  # never seen; a kernel path for this shape that is not exact falls back
+        every_product_packed = self.packed is not None and FBGEMM_MIN_ROWS <= 1
+        self.register_buffer("weight", weight.to("meta") if every_product_packed and not self.keeps_weight else weight)
+
+    def int8_weight(self) -> torch.Tensor:
+        """The int8 weight [out, in]: the one held, or recovered bit for bit from the fbgemm copy that replaced it."""
+        replaced = self.coupled if self.coupled is not None else self.packed
+        if not self.weight.is_meta or replaced is None:
+            return self.weight  # held (a shell's is meta until loaded)
+        return torch.ops.quantized.linear_unpack(replaced)[0].int_repr()
+
+    def keep_weight(self) -> None:
+        """Hold the int8 weight in memory from now on, whatever kernel runs: a tied embedding reads its rows."""
+        self.keeps_weight = True
+        self.register_buffer("weight", self.int8_weight())
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars) -> None:
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        destination[prefix + "weight"] = self.int8_weight()  # the int8 weight, held or recovered from the packed copy
+
+    def _load_from_state_dict(self, state_dict, prefix, *args) -> None:
+        """As any module's, then the loaded int8 weight packed (and dropped where fbgemm computes every product)."""
+        super()._load_from_state_dict(state_dict, prefix, *args)
+        if prefix + "weight" in state_dict:
+            self._take(state_dict[prefix + "weight"])
 
     def couple_rows(self) -> None:
         """Run as fbgemm's dynamic int8 Linear: the weight packed with its scales and bias, one activation scale per
         tensor (see `couple_rows` below: a draft's form, rows not independent). The 7-bit activations of
-        `reduce_range` where this machine's fbgemm does not sum 8-bit weights exactly (16-bit pair sums)."""
+        `reduce_range` where this machine's fbgemm does not sum 8-bit weights exactly (16-bit pair sums). The
+        coupled copy is then the only one (the int8 weight, recovered from it, is kept only where `keep_weight`)."""
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             weight = torch._make_per_channel_quantized_tensor(
-                self.weight, self.weight_scale.double(), torch.zeros(self.out_features, dtype=torch.long), 0)
+                self.int8_weight(), self.weight_scale.double(), torch.zeros(self.out_features, dtype=torch.long), 0)
         self.coupled = torch.ops.quantized.linear_prepack(weight, self.bias)
         self.reduce_range = not fbgemm_exact_for(INT8_MAX)
         self.packed = None  # the row-invariant copy is not used any more
+        if not self.keeps_weight:
+            self.weight = self.weight.to("meta")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)  # [M, in], M = tokens
@@ -196,7 +233,7 @@ class Int8Linear(torch.nn.Module):
         if self.packed is not None and rows.shape[0] >= FBGEMM_MIN_ROWS:
             sums = _fbgemm_mm(x_q, self.packed)  # [M, out]
         else:
-            sums = _int_mm(x_q, self.weight)  # [M, out]
+            sums = _int_mm(x_q, self.int8_weight())  # [M, out]
         y = sums * self.weight_scale * x_scale[:, None]  # [M, out]
         if self.bias is not None:
             y = y + self.bias
@@ -208,18 +245,17 @@ class Int8Linear(torch.nn.Module):
 
 class Int8Embedding(torch.nn.Module):
     """An embedding table as int8 rows and a float32 scale per row: row i = weight[i] * weight_scale[i], each
-    looked-up row dequantized alone (row-invariant). `tied_to(head)` reads a tied head's Int8Linear rows in place,
-    as buffers left out of the state_dict: one copy in memory, none in a store."""
+    looked-up row dequantized alone (row-invariant). A tied one (`TiedInt8Embedding`) reads the int8 head's rows."""
 
-    weight: torch.Tensor  # [num, dim] int8 (the head's own tensor when tied)
+    tied = False  # whether the rows are a tied head's
+    weight: torch.Tensor  # [num, dim] int8
     weight_scale: torch.Tensor  # [num] float32
 
-    def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor, tied: bool = False):
+    def __init__(self, weight: torch.Tensor, weight_scale: torch.Tensor):
         super().__init__()
         self.num_embeddings, self.embedding_dim = weight.shape
-        self.tied = tied
-        self.register_buffer("weight", weight, persistent=not tied)
-        self.register_buffer("weight_scale", weight_scale, persistent=not tied)
+        self.register_buffer("weight", weight)
+        self.register_buffer("weight_scale", weight_scale)
 
     @classmethod
     def from_float(cls, weight: torch.Tensor) -> "Int8Embedding":
@@ -228,15 +264,32 @@ class Int8Embedding(torch.nn.Module):
         weight_q, weight_scale = _quantize_rows(weight.detach().float())
         return cls(weight_q.to(torch.int8), weight_scale)
 
-    @classmethod
-    def tied_to(cls, head: Int8Linear) -> "Int8Embedding":
-        return cls(head.weight, head.weight_scale, tied=True)
-
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.weight[ids].float() * self.weight_scale[ids].unsqueeze(-1)  # [..., dim] float32
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}{', rows of the int8 head' if self.tied else ''}"
+
+
+class TiedInt8Embedding(Int8Embedding):
+    """The input embedding as a tied Int8Linear head's rows and scales, read in place as the head holds them now:
+    one copy in memory (the head keeps its int8 weight beside its packed copy), nothing in the state_dict."""
+
+    tied = True
+
+    def __init__(self, head: Int8Linear):
+        torch.nn.Module.__init__(self)
+        self.head = [head]  # a list: the head is registered once, on the model
+        head.keep_weight()
+        self.num_embeddings, self.embedding_dim = head.out_features, head.in_features
+
+    @property
+    def weight(self) -> torch.Tensor:  # [num, dim] int8: the head's
+        return self.head[0].weight
+
+    @property
+    def weight_scale(self) -> torch.Tensor:  # [num] float32: the head's
+        return self.head[0].weight_scale
 
 
 def is_tied(model: torch.nn.Module) -> bool:
@@ -248,7 +301,7 @@ def is_tied(model: torch.nn.Module) -> bool:
 
 def set_embedding(model: torch.nn.Module, own: torch.nn.Module | None) -> None:
     """Make `model`'s input embedding `own`, or (None: a tied model) the Int8Embedding of its int8 head's rows."""
-    model.set_input_embeddings(own if own is not None else Int8Embedding.tied_to(model.get_output_embeddings()))
+    model.set_input_embeddings(own if own is not None else TiedInt8Embedding(model.get_output_embeddings()))
 
 
 def stored_embedding(state: dict[str, torch.Tensor], name: str) -> Int8Embedding | None:
@@ -358,13 +411,13 @@ def int8_from_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> t
     """The model `quantize_int8` made, from its `state_dict()` (`state`) and `model`, the same architecture built
     from its config with parameters on the meta device (buffers real); in place, without a float32 pass.
 
-    Each int8 layer is made from its stored int8 weight, scales and bias (`Int8Linear.from_quantized`, packed as
-    quantizing packs), the embedding from its stored rows or (none stored: tied) the head's; every other tensor is
-    assigned from `state`. A missing or unexpected key raises.
+    Each int8 layer is made a shell of its stored shapes (`Int8Linear.from_quantized` of meta tensors), the
+    embedding from its stored rows or (none stored: tied) the head's; then every tensor is assigned from `state`,
+    each int8 weight packed once as quantizing packs it. A missing or unexpected key raises.
     """
     def stored_layer(name: str, modules: list[torch.nn.Module]) -> Int8Linear:
         bias = None if modules[0].bias is None else state[f"{name}.bias"]
-        return _int8_layer(modules, state[f"{name}.weight"], state[f"{name}.weight_scale"], bias)
+        return _int8_layer(modules, *on_meta(state[f"{name}.weight"], state[f"{name}.weight_scale"], bias))
 
     embedding = gguf_read.module_name(model, model.get_input_embeddings())
     _int8_layers(model, stored_layer)
@@ -400,6 +453,11 @@ def _fill(model: torch.nn.Module, weights: GGUFWeights) -> None:
     set_embedding(model, None if weights.tied else Int8Embedding.from_float(weights.float(f"{embedding}.weight")))
     rest = {name: weights.float(name) for name, parameter in model.named_parameters() if parameter.is_meta}
     model.load_state_dict(rest, strict=False, assign=True)
+
+
+def on_meta(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
+    """Meta tensors of these tensors' shapes and dtypes (None stays None): what a shell layer holds until loaded."""
+    return [None if tensor is None else tensor.to("meta") for tensor in tensors]
 
 
 def _int8_layer(modules: list[torch.nn.Module], weight: torch.Tensor, weight_scale: torch.Tensor,

@@ -209,13 +209,14 @@ def _own_embedding(dim: int, groups: Callable[[], Int4Groups], weight: Callable[
 
 def int4_from_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> torch.nn.Module:
     """The model `quantize_int4` or `int4_from_gguf` made, from its `state_dict()` (`state`) and `model`, the same
-    architecture built from its config with parameters on the meta device (buffers real); in place, no packing.
-    A missing or unexpected key raises."""
+    architecture built from its config with parameters on the meta device (buffers real); in place, no int4 packing
+    (its Int8Linear layers, shells until loaded, are packed once as they are loaded). A missing or unexpected key
+    raises."""
     def stored_layer(name: str, modules: list[torch.nn.Module]) -> torch.nn.Module:
         bias = None if modules[0].bias is None else state[f"{name}.bias"]
         if f"{name}.packed" in state:
             return Int4Linear.from_quantized(state[f"{name}.packed"], state[f"{name}.scales_and_zeros"], bias)
-        return Int8Linear.from_quantized(state[f"{name}.weight"], state[f"{name}.weight_scale"], bias)
+        return Int8Linear.from_quantized(*quant.on_meta(state[f"{name}.weight"], state[f"{name}.weight_scale"], bias))
 
     embedding = module_name(model, model.get_input_embeddings())
     quant._int8_layers(model, stored_layer, share_inputs=False)
