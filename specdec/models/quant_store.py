@@ -223,5 +223,31 @@ def _read(form: Form, store: Path, trust_remote_code: bool):
     with init_empty_weights(include_buffers=False):  # parameters on meta; buffers (rotary tables) computed
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, trust_remote_code=trust_remote_code)
     form.from_state(model, load_file(store / WEIGHTS))
+    _own_memory(model)
     model.generation_config = GenerationConfig.from_pretrained(store)
     return model.eval(), AutoTokenizer.from_pretrained(store, trust_remote_code=trust_remote_code)
+
+
+def _own_memory(model: torch.nn.Module) -> None:
+    """Copy `model`'s tensors out of the store file when it dropped some of the file's int8 weights (an Int8Linear
+    holding only fbgemm's packed copy): `load_file`'s tensors all view one mapping of the file, resident while any
+    of them lives (a tensor object made from it holds the mapping even once its data is replaced: new objects
+    here), which would keep the dropped weights' pages in memory."""
+    if not any(isinstance(module, quant.Int8Linear) and module.weight.is_meta for module in model.modules()):
+        return
+    copies: dict[int, tuple] = {}  # id of a tensor -> (it, its copy): a tensor registered twice stays one
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):
+            for name, tensor in table.items():
+                if tensor is None or tensor.is_meta:
+                    continue
+                if id(tensor) not in copies:
+                    copies[id(tensor)] = (tensor, _copy(tensor))
+                table[name] = copies[id(tensor)][1]
+
+
+def _copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A new tensor object with `tensor`'s values in memory of its own (a Parameter stays one)."""
+    if isinstance(tensor, torch.nn.Parameter):
+        return torch.nn.Parameter(tensor.detach().clone(), requires_grad=tensor.requires_grad)
+    return tensor.clone()

@@ -1,0 +1,125 @@
+"""An int8 layer whose products fbgemm computes holds only fbgemm's packed copy (specdec.models.quant): its int8
+weight, recovered bit for bit from that copy, is what its state_dict, a store and the int8-dynamic form read, so
+outputs and stored files are those of layers that keep their weight; a tied head keeps its rows for the embedding."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from specdec.models import load_model, quant
+from specdec.models.quant import Int8Linear, couple_rows, fbgemm_is_exact, quantize_int8
+from specdec.models.quant4 import quantize_int4
+from specdec.testing import tiny_config, tiny_tokenizer
+
+pytestmark = pytest.mark.skipif(not fbgemm_is_exact(), reason="no exact fbgemm here: every layer keeps its weight")
+IDS = torch.tensor([[1, 5, 9, 13, 7, 4, 8]])  # [1, 7]
+QUANTIZERS = {"int8": quantize_int8, "int4": quantize_int4}
+
+
+def held_weights(model: torch.nn.Module) -> dict[str, int]:
+    """{name: bytes} of the real int8 weights held by Int8Linears that also hold a packed or coupled copy."""
+    return {name: m.weight.numel() * m.weight.element_size() for name, m in model.named_modules()
+            if isinstance(m, Int8Linear) and (m.packed is not None or m.coupled is not None) and not m.weight.is_meta}
+
+
+def tiny(tied: bool, seed: int = 0) -> torch.nn.Module:
+    """A tiny float32 qwen2 whose head is (tied) or is not its input embedding."""
+    config = tiny_config("qwen2", vocab_size=len(tiny_tokenizer()))
+    config.tie_word_embeddings = tied
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+
+
+def folder(path: Path, tied: bool) -> Path:
+    tiny(tied).save_pretrained(path)
+    tiny_tokenizer().save_pretrained(path)
+    return path
+
+
+def keeping_weights(monkeypatch):
+    """Quantize or load as if fbgemm computed only products of 2 rows or more: every layer keeps its weight, as
+    every layer did before packed copies replaced them (the forward is then fbgemm's as well, see `restored`)."""
+    monkeypatch.setattr(quant, "FBGEMM_MIN_ROWS", 2)
+
+
+def expected_held(model: torch.nn.Module, tied: bool) -> dict[str, int]:
+    """Only a tied head holds its weight (its rows are the embedding's)."""
+    head = model.get_output_embeddings()
+    return {"lm_head": head.out_features * head.in_features} if tied else {}
+
+
+@pytest.mark.parametrize("shape", [(1, 5), (7, 13), (300, 200), (128, 64)])
+def test_the_int8_weight_is_recovered_bit_for_bit_from_the_packed_and_the_coupled_copy(shape):
+    torch.manual_seed(0)
+    weight = torch.randint(-quant.weight_limit(), quant.weight_limit() + 1, shape, dtype=torch.int8)
+    weight[0, 0], weight[-1, -1] = quant.weight_limit(), -quant.weight_limit()  # the extremes
+    layer = Int8Linear.from_quantized(weight.clone(), torch.rand(shape[0]) + 0.5, torch.randn(shape[0]))
+    assert layer.packed is not None and layer.weight.is_meta
+    assert (layer.weight.shape, layer.weight.dtype) == (shape, torch.int8)  # still reads as a Linear's
+    assert torch.equal(layer.int8_weight(), weight) and torch.equal(layer.state_dict()["weight"], weight)
+    layer.couple_rows()
+    assert layer.packed is None and layer.weight.is_meta and torch.equal(layer.int8_weight(), weight)
+
+
+@pytest.mark.parametrize("form", QUANTIZERS)
+@pytest.mark.parametrize("tied", [False, True])
+def test_quantized_and_coupled_layers_hold_no_int8_weight_beside_their_packed_copy(form, tied):
+    model = QUANTIZERS[form](tiny(tied))
+    assert held_weights(model) == expected_held(model, tied)
+    assert any(m.packed is not None for m in model.modules() if isinstance(m, Int8Linear))  # fbgemm runs them
+    if tied:  # the embedding reads the head's rows in place
+        assert model.get_input_embeddings().weight.data_ptr() == model.get_output_embeddings().weight.data_ptr()
+    couple_rows(model)
+    assert held_weights(model) == expected_held(model, tied)
+
+
+@pytest.mark.parametrize("form", QUANTIZERS)
+@pytest.mark.parametrize("tied", [False, True])
+def test_outputs_state_and_coupled_outputs_are_those_of_layers_that_keep_their_weight(monkeypatch, form, tied):
+    packed = QUANTIZERS[form](tiny(tied))
+    with monkeypatch.context() as patch:
+        keeping_weights(patch)
+        kept = QUANTIZERS[form](tiny(tied))
+    assert not [m for m in kept.modules() if isinstance(m, Int8Linear) and m.weight.is_meta]
+    state, kept_state = packed.state_dict(), kept.state_dict()
+    assert list(state) == list(kept_state) and all(torch.equal(state[k], kept_state[k]) for k in state)
+    with torch.no_grad():
+        assert torch.equal(packed(IDS).logits, kept(IDS).logits)
+        assert torch.equal(packed(IDS[:, :1]).logits, kept(IDS[:, :1]).logits)  # one row: fbgemm for both
+        assert torch.equal(couple_rows(packed)(IDS).logits, couple_rows(kept)(IDS).logits)
+
+
+@pytest.mark.parametrize("form", QUANTIZERS)
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_store_is_byte_identical_to_one_written_with_the_weights_kept(tmp_path, monkeypatch, form, tied):
+    source = folder(tmp_path / "model", tied)
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "packed"))
+    made = load_model(str(source), quant=form)
+    assert made.source == "folder" and held_weights(made.model) == expected_held(made.model, tied)
+    with monkeypatch.context() as patch:
+        keeping_weights(patch)
+        patch.setenv("SPECDEC_CACHE", str(tmp_path / "kept"))
+        kept = load_model(str(source), quant=form)
+    stored = [next((tmp_path / cache).rglob("model.safetensors")).read_bytes() for cache in ("packed", "kept")]
+    assert stored[0] == stored[1]
+    read = load_model(str(source), quant=form)  # from the store: shells filled, each weight packed once
+    assert read.source == f"cache ({form})" and held_weights(read.model) == expected_held(read.model, tied)
+    assert read.memory_bytes == kept.memory_bytes  # a packed weight counts its int8 bytes
+    with torch.no_grad():
+        assert torch.equal(read.model(IDS).logits, kept.model(IDS).logits)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+@pytest.mark.parametrize("tied", [False, True])
+def test_an_int8_model_read_from_its_store_keeps_no_mapping_of_the_file(tmp_path, monkeypatch, tied):
+    """The store's tensors are views of one mapping of its file: kept, the weights packed away would stay resident."""
+    source = folder(tmp_path / "model", tied)
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    load_model(str(source), quant="int8")
+    read = load_model(str(source), quant="int8")
+    weights = str(next((tmp_path / "cache").rglob("model.safetensors")).resolve())
+    assert read.source == "cache (int8)" and not [line for line in open("/proc/self/maps") if weights in line]
+    with torch.no_grad():
+        assert torch.isfinite(read.model(IDS).logits).all()
