@@ -29,7 +29,8 @@ from specdec.models.loading import LoadedModel, load_draft, load_model, resolve_
 BUDGET_FRACTION = 0.6  # default budget: this share of the memory limit
 CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"),  # cgroup v2
                  Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))  # cgroup v1
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "int8": 2, "int8-dynamic": 2,  # int8: weights plus the packed copy
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2,
+               "int8": 1.25, "int8-dynamic": 1.25,  # int8: a byte a weight in fbgemm's packed copy, a tied head's rows
                "int4": 1,  # int4: packed codes and scales, the head and 6-bit-and-wider layers int8
                "auto": 4}  # auto: not measured before the first load, so the widest format is reserved
 SCALES = {"K": 1e3, "M": 1e6, "B": 1e9}  # suffixes of a catalogue entry's parameter count
@@ -72,7 +73,7 @@ def estimate_bytes(spec: str, dtype: str) -> int | None:
     folder = Path(spec).expanduser()
     files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
     try:
-        return sum(_tensor_elements(f) for f in files) * DTYPE_BYTES[dtype] if files else None
+        return int(sum(_tensor_elements(f) for f in files) * DTYPE_BYTES[dtype]) if files else None
     except (OSError, ValueError, KeyError, TypeError, struct.error):  # a damaged header: the load says why
         return None
 

@@ -12,11 +12,14 @@ row-invariant instead (kernel measurements: docs/performance.md):
   quantization does by itself, couples the rows.) W is 127 where fbgemm sums exactly in 32 bits (VNNI), and 63
   where it sums pairs of u8 x s8 products in 16 bits (AVX2 without VNNI: 2·255·127 saturates, 2·255·63 = 32130
   fits): measured on the machine at load, never read off CPU flags, so the fast kernel is always the exact one.
+  A layer fbgemm computes holds only fbgemm's packed copy (one byte a weight in memory); its int8 weight, for a
+  store or the int8-dynamic form, is recovered from that copy bit for bit.
 - `rowwise_attention`: each query row attends to its own causal slice of keys/values with the same SDPA
   call a one-token step makes, so a verification row is the one-token step's row.
 - `Int8Embedding`: the input embedding as int8 rows with a float32 scale each, each looked-up row dequantized
-  alone. Tied to the head (one matrix in the float model), it reads the head's int8 rows and scales in place: no
-  second copy in memory or in a store; untied, its own rows, per-row scale max|row| / 127.
+  alone. Tied to the head (one matrix in the float model: `TiedInt8Embedding`), it reads the head's int8 rows and
+  scales in place, the head keeping them beside its packed copy: no third copy in memory, none in a store;
+  untied, its own rows, per-row scale max|row| / 127.
 - RMSNorm (a reduction inside each row), rotary (elementwise), SiLU and residual adds are row-invariant as they
   are (tests/test_quant.py checks each and the whole forward, n = 1..8).
 
