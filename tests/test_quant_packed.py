@@ -1,6 +1,7 @@
 """An int8 layer whose products fbgemm computes holds only fbgemm's packed copy (specdec.models.quant): its int8
 weight, recovered bit for bit from that copy, is what its state_dict, a store and the int8-dynamic form read, so
-outputs and stored files are those of layers that keep their weight; a tied head keeps its rows for the embedding."""
+outputs and stored files are those of layers that keep their weight; the LM head keeps its rows (a tied embedding
+and callers read them)."""
 import sys
 from pathlib import Path
 
@@ -44,10 +45,10 @@ def keeping_weights(monkeypatch):
     monkeypatch.setattr(quant, "FBGEMM_MIN_ROWS", 2)
 
 
-def expected_held(model: torch.nn.Module, tied: bool) -> dict[str, int]:
-    """Only a tied head holds its weight (its rows are the embedding's)."""
+def expected_held(model: torch.nn.Module) -> dict[str, int]:
+    """Only the LM head holds its weight (its rows are a tied embedding's, and callers read its values)."""
     head = model.get_output_embeddings()
-    return {"lm_head": head.out_features * head.in_features} if tied else {}
+    return {"lm_head": head.out_features * head.in_features}
 
 
 @pytest.mark.parametrize("shape", [(1, 5), (7, 13), (300, 200), (128, 64)])
@@ -67,12 +68,12 @@ def test_the_int8_weight_is_recovered_bit_for_bit_from_the_packed_and_the_couple
 @pytest.mark.parametrize("tied", [False, True])
 def test_quantized_and_coupled_layers_hold_no_int8_weight_beside_their_packed_copy(form, tied):
     model = QUANTIZERS[form](tiny(tied))
-    assert held_weights(model) == expected_held(model, tied)
+    assert held_weights(model) == expected_held(model)
     assert any(m.packed is not None for m in model.modules() if isinstance(m, Int8Linear))  # fbgemm runs them
     if tied:  # the embedding reads the head's rows in place
         assert model.get_input_embeddings().weight.data_ptr() == model.get_output_embeddings().weight.data_ptr()
     couple_rows(model)
-    assert held_weights(model) == expected_held(model, tied)
+    assert held_weights(model) == expected_held(model)
 
 
 @pytest.mark.parametrize("form", QUANTIZERS)
@@ -97,7 +98,7 @@ def test_a_store_is_byte_identical_to_one_written_with_the_weights_kept(tmp_path
     source = folder(tmp_path / "model", tied)
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "packed"))
     made = load_model(str(source), quant=form)
-    assert made.source == "folder" and held_weights(made.model) == expected_held(made.model, tied)
+    assert made.source == "folder" and held_weights(made.model) == expected_held(made.model)
     with monkeypatch.context() as patch:
         keeping_weights(patch)
         patch.setenv("SPECDEC_CACHE", str(tmp_path / "kept"))
@@ -105,7 +106,7 @@ def test_a_store_is_byte_identical_to_one_written_with_the_weights_kept(tmp_path
     stored = [next((tmp_path / cache).rglob("model.safetensors")).read_bytes() for cache in ("packed", "kept")]
     assert stored[0] == stored[1]
     read = load_model(str(source), quant=form)  # from the store: shells filled, each weight packed once
-    assert read.source == f"cache ({form})" and held_weights(read.model) == expected_held(read.model, tied)
+    assert read.source == f"cache ({form})" and held_weights(read.model) == expected_held(read.model)
     assert read.memory_bytes == kept.memory_bytes  # a packed weight counts its int8 bytes
     with torch.no_grad():
         assert torch.equal(read.model(IDS).logits, kept.model(IDS).logits)

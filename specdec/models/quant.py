@@ -183,7 +183,7 @@ class Int8Linear(torch.nn.Module):
     def _take(self, weight: torch.Tensor) -> None:
         """Hold int8 `weight` [out, in] as fbgemm's packed copy where that is exact, and the weight itself only where
         a product or a reader still needs it (a meta weight: a shell, nothing packed until loaded)."""
-        fits = not weight.is_meta and (not weight.numel() or int(weight.abs().max()) <= weight_limit())  # stored: wider?
+        fits = not weight.is_meta and (not weight.numel() or int(weight.abs().max()) <= weight_limit())  # stored: wider
         self.packed = _pack(weight) if fits and fbgemm_is_exact() else None
         if self.packed is not None and not _same_sums(self.packed, weight):
             self.packed = None  # never seen; a kernel path for this shape that is not exact falls back
@@ -198,7 +198,8 @@ class Int8Linear(torch.nn.Module):
         return torch.ops.quantized.linear_unpack(replaced)[0].int_repr()
 
     def keep_weight(self) -> None:
-        """Hold the int8 weight in memory from now on, whatever kernel runs: a tied embedding reads its rows."""
+        """Hold the int8 weight in memory from now on, whatever kernel runs: an LM head's rows are read (a tied
+        embedding's lookups, and the values of `get_output_embeddings().weight` that callers read)."""
         self.keeps_weight = True
         self.register_buffer("weight", self.int8_weight())
 
@@ -276,14 +277,13 @@ class Int8Embedding(torch.nn.Module):
 
 class TiedInt8Embedding(Int8Embedding):
     """The input embedding as a tied Int8Linear head's rows and scales, read in place as the head holds them now:
-    one copy in memory (the head keeps its int8 weight beside its packed copy), nothing in the state_dict."""
+    one copy in memory (a head keeps its int8 weight beside its packed copy, `_int8_layers`), nothing stored."""
 
     tied = True
 
     def __init__(self, head: Int8Linear):
         torch.nn.Module.__init__(self)
-        self.head = [head]  # a list: the head is registered once, on the model
-        head.keep_weight()
+        self.head = [head]  # a list: the head is registered once, on the model (and keeps its weight)
         self.num_embeddings, self.embedding_dim = head.out_features, head.in_features
 
     @property
@@ -477,7 +477,8 @@ def _quantized_layer(name: str, modules: list[torch.nn.Module]) -> Int8Linear:
 
 def _int8_layers(model: torch.nn.Module, layer, share_inputs: bool = True) -> torch.nn.Module:
     """Replace the Linears and Conv1Ds of `model` by `layer(name, modules)`, the int8 layer registered at `name` for
-    `modules` (a SHARED_INPUTS group when `share_inputs`, or one module); untie the head; make attention rowwise.
+    `modules` (a SHARED_INPUTS group when `share_inputs`, or one module); untie the head, which keeps its int8
+    weight (`Int8Linear.keep_weight`: a tied embedding reads its rows, callers its values); make attention rowwise.
     Returns `model`."""
     if share_inputs:
         _share_inputs(model, layer)
@@ -486,6 +487,7 @@ def _int8_layers(model: torch.nn.Module, layer, share_inputs: bool = True) -> to
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name)
         setattr(parent, child, layer(name, [getattr(parent, child)]))
+    model.get_output_embeddings().keep_weight()
     model.config.tie_word_embeddings = False  # the head is its own (int8) copy now
     for config in (model.config, *[getattr(model.config, key) for key in model.config.sub_configs]):
         if config is not None:
