@@ -124,3 +124,20 @@ def test_an_int8_model_read_from_its_store_keeps_no_mapping_of_the_file(tmp_path
     assert read.source == "cache (int8)" and not [line for line in open("/proc/self/maps") if weights in line]
     with torch.no_grad():
         assert torch.isfinite(read.model(IDS).logits).all()
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int8-dynamic"])
+def test_making_a_store_and_coupling_a_load_read_the_weights_held_never_unpacked(tmp_path, monkeypatch, dtype):
+    """Unpacking a layer costs about what packing it does: a store is written from the weights kept while it is made
+    (`quant.weights_kept`), and the int8-dynamic form is coupled from the weights just read, then they are dropped."""
+    unpacked = []
+    original = torch.ops.quantized.linear_unpack
+    monkeypatch.setattr(torch.ops.quantized, "linear_unpack", lambda packed: unpacked.append(1) or original(packed))
+    source = folder(tmp_path / "model", tied=True)
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    made = load_model(str(source), dtype=dtype)
+    read = load_model(str(source), dtype=dtype)
+    assert unpacked == [] and read.source == "cache (int8)"
+    assert held_weights(made.model) == held_weights(read.model) == expected_held(read.model)
+    with torch.no_grad():
+        assert torch.equal(made.model(IDS).logits, read.model(IDS).logits)

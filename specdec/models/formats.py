@@ -161,13 +161,19 @@ def time_formats(config, formats, *, device: str = "cpu", repeats: int = REPEATS
     of them (int8-dynamic: the int8 copy just timed, its rows coupled), and the shallower depth a view of that
     copy's first layers (`at_depth`), so a format is quantized once and one format's model is alive at a time
     besides the float32 original."""
-    original, timings, int8 = random_model(config, max(LAYERS), device), [], None
+    original = random_model(config, max(LAYERS), device)
+    with quant.weights_kept():  # int8-dynamic couples the int8 model's weights as they are, never unpacked
+        return _time_each(original, config.num_hidden_layers, formats, repeats)
+
+
+def _time_each(original: torch.nn.Module, depth: int, formats, repeats: int) -> list[FormatTiming]:
+    timings, int8 = [], None
     for format_ in formats:
         if format_ == "int8-dynamic" and int8 is not None:
             model = quant.couple_rows(int8)  # the int8 model just timed, run by fbgemm's dynamic kernel: as to_format
         else:
             model = to_format(copy.deepcopy(original).to(_dtype(format_)), format_)
-        timings.append(_timed(model, config.num_hidden_layers, format_, repeats))
+        timings.append(_timed(model, depth, format_, repeats))
         int8 = model if format_ == "int8" else None
         del model  # before the next format's copy is made: one format's model alive at a time
     return timings

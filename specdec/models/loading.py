@@ -150,9 +150,11 @@ def _load_quantized(spec, dtype, trust_remote_code, progress) -> LoadedModel:
     """The int8 or int4 model of `spec` in `dtype` ("int8", "int4", or "int8-dynamic": the int8 weights run by
     fbgemm's dynamic quantization)."""
     start = time.perf_counter()
-    name, path, source, made = _quantized(spec.strip(), dtype, trust_remote_code, progress)
-    if dtype == "int8-dynamic":
-        quant.couple_rows(made.model)
+    with quant.weights_kept() if dtype == "int8-dynamic" else contextlib.nullcontext():  # coupled from the weights
+        name, path, source, made = _quantized(spec.strip(), dtype, trust_remote_code, progress)
+        if dtype == "int8-dynamic":
+            quant.couple_rows(made.model)
+    quant.release_weights(made.model)
     return LoadedModel(name, made.model, made.tokenizer, source, path, dtype, "cpu", time.perf_counter() - start)
 
 

@@ -32,6 +32,7 @@ for bit, straight from a GGUF one tensor at a time (no float32 copy); `int8_from
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 from pathlib import Path
@@ -134,6 +135,33 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return weight_q.to(torch.int8), weight_scale
 
 
+_KEPT = [0]  # depth of `weights_kept`: above 0, layers keep their int8 weight beside fbgemm's copy
+
+
+@contextlib.contextmanager
+def weights_kept():
+    """Within, int8 layers made or coupled keep their int8 weight beside fbgemm's packed copy, so what reads the
+    weights next (a store's state_dict, `couple_rows`) takes them as they are instead of unpacking every layer again
+    (about as slow as packing); `release_weights(model)` drops them after. Nested, the outermost one's release
+    counts (an inner release keeps them for what the outer one still reads)."""
+    _KEPT[0] += 1
+    try:
+        yield
+    finally:
+        _KEPT[0] -= 1
+
+
+def release_weights(model: torch.nn.Module) -> torch.nn.Module:
+    """Drop the int8 weights kept within `weights_kept` wherever fbgemm's copy computes every product (not inside
+    another `weights_kept`: that one's caller releases them)."""
+    if _KEPT[0]:
+        return model
+    for module in model.modules():
+        if isinstance(module, Int8Linear):
+            module.release_weight()
+    return model
+
+
 class Int8Linear(torch.nn.Module):
     """y = x W.T + b with W int8 per output channel (|w| <= weight_limit()), x int8 per row, exact integer sums
     (row-invariant).
@@ -187,8 +215,17 @@ class Int8Linear(torch.nn.Module):
         self.packed = _pack(weight) if fits and fbgemm_is_exact() else None
         if self.packed is not None and not _same_sums(self.packed, weight):
             self.packed = None  # never seen; a kernel path for this shape that is not exact falls back
-        every_product_packed = self.packed is not None and FBGEMM_MIN_ROWS <= 1
-        self.register_buffer("weight", weight.to("meta") if every_product_packed and not self.keeps_weight else weight)
+        self.register_buffer("weight", weight.to("meta") if self._drops_weight() and _KEPT[0] == 0 else weight)
+
+    def _drops_weight(self) -> bool:
+        """Whether the int8 weight need not stay in memory: fbgemm's copy computes every product, no reader wants it."""
+        packed = self.coupled is not None or (self.packed is not None and FBGEMM_MIN_ROWS <= 1)
+        return packed and not self.keeps_weight
+
+    def release_weight(self) -> None:
+        """Drop the int8 weight kept while `weights_kept` where `_drops_weight` says it may go."""
+        if self._drops_weight():
+            self.weight = self.weight.to("meta")
 
     def int8_weight(self) -> torch.Tensor:
         """The int8 weight [out, in]: the one held, or recovered bit for bit from the fbgemm copy that replaced it."""
@@ -225,8 +262,8 @@ class Int8Linear(torch.nn.Module):
         self.coupled = torch.ops.quantized.linear_prepack(weight, self.bias)
         self.reduce_range = not fbgemm_exact_for(INT8_MAX)
         self.packed = None  # the row-invariant copy is not used any more
-        if not self.keeps_weight:
-            self.weight = self.weight.to("meta")
+        if _KEPT[0] == 0:
+            self.release_weight()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)  # [M, in], M = tokens

@@ -169,8 +169,10 @@ def _load(form: Form, store: Path, identity: str, quantized: Callable[[], tuple]
             except UNREADABLE as error:
                 problem = f"its {form.name} weights cannot be read ({type(error).__name__}: {str(error)[:200]})"
         convert._report(progress, f"{what}: {problem}; quantizing to {form.name} and storing it in {store}", 0.0)
-        model, tokenizer = quantized()
-        _write(form, model, tokenizer, store, identity)
+        with quant.weights_kept():  # the store's state_dict reads the weights, never unpacks them
+            model, tokenizer = quantized()
+            _write(form, model, tokenizer, store, identity)
+        quant.release_weights(model)
     return Quantized(model, tokenizer, store, False)
 
 
