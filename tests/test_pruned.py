@@ -1,4 +1,5 @@
 """The pruned-vocabulary drafter: proposals stay in the set, greedy output and the sampling law stay the target's."""
+import copy
 import json
 
 import pytest
@@ -7,7 +8,7 @@ import torch
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters import ModelDrafter, PrunedVocabularyDrafter, SamplingPolicy, from_spec
 from specdec.drafters.pruned import load_vocabulary
-from specdec.models import LoadedModel
+from specdec.models import LoadedModel, quant
 from specdec.testing import perturbed_copy, tiny_model
 from specdec.training.prune import build_vocabulary, save_vocabulary
 from test_sampling import TEMPERATURE, TOP_P, chi_square_p_value, draw_first_two, exact_law_of_two_tokens
@@ -103,3 +104,9 @@ def test_the_factory_reads_model_at_vocab_file(pair, tmp_path):
         from_spec("@vocab=x.json", loaded_target, load=lambda name: None)
     with pytest.raises(ValueError, match="outside|ids in 0..127"):
         PrunedVocabularyDrafter(draft, [0, 500])
+
+
+def test_a_quantized_draft_is_refused_with_one_clear_line(pair):
+    int8 = quant.quantize_int8(copy.deepcopy(pair[1]))
+    with pytest.raises(ValueError, match="load the draft as float32 or bfloat16"):
+        PrunedVocabularyDrafter(int8, KEPT)

@@ -46,6 +46,9 @@ class PrunedVocabularyDrafter(ModelDrafter):
 def _with_head_rows(model: torch.nn.Module, token_ids: torch.Tensor) -> torch.nn.Module:
     """A shallow copy of `model` whose LM head holds only `token_ids`' rows (the original is untouched)."""
     head = model.get_output_embeddings()
+    if not head.weight.is_floating_point():
+        raise ValueError("a pruned vocabulary slices a float LM head: load the draft as float32 or bfloat16 "
+                         "(--draft-dtype), not a quantized format")
     sliced = torch.nn.Linear(head.weight.shape[1], len(token_ids), bias=head.bias is not None,
                              device=head.weight.device, dtype=head.weight.dtype)
     with torch.no_grad():
