@@ -1,18 +1,26 @@
-"""Soak: a few concurrent gradio_client clients against `python app.py` on 127.0.0.1 with the tiny models, normal
-and hostile inputs mixed (huge or token-heavy prompts, unknown or overlong names, file-reading specs, bad numbers,
-requests that come through a proxy). Every answer is a result or one clear line; the server never shows a
-traceback or its cache, and still answers correctly afterwards. Bounded: CLIENTS x ROUNDS requests, SOAK_S.
-Select it with `-m soak` (it also runs with the rest)."""
+"""Soak: CLIENTS concurrent gradio_client clients against `python app.py` on 127.0.0.1 with the tiny models, each
+looping for SOAK_S and mixing normal requests, requests through a proxy, the hostile inputs (huge or token-heavy
+prompts, unknown or overlong names, file-reading specs, bad numbers) and page-reload-like disconnects (a job
+cancelled shortly after it is submitted, then a new client and session). Every request is answered or refused with one clear
+line within REQUEST_S; the server never shows a traceback or its cache, still answers correctly afterwards, and its
+RSS settles back within RSS_GROWTH of its warm level. The queue wait (submit until the job is processing) is
+reported as p50/p95 (`pytest -s` prints it). The UI's Stop is a private event, not offered to API clients, so a
+disconnect is the client-side stop here. Select it with `-m soak` (it also runs with the rest)."""
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 
 import pytest
 from gradio_client import Client
+from gradio_client.utils import Status
 
 from specdec import autoregressive_generate
 from specdec.models import load_model
@@ -21,9 +29,17 @@ from tiny_models import write_tiny_models
 
 pytestmark = pytest.mark.soak
 
-CLIENTS = 4  # a normal one, one behind a proxy, two hostile
-ROUNDS = 5  # requests per client: the two hostile clients send every HOSTILE input once
-SOAK_S = 240  # the whole soak, at most
+CLIENTS = 8  # threads, each a client with its own session (and one more behind a proxy)
+SOAK_S = 120  # the mixed phase: each client starts requests until then
+BOUND_S = 180  # the whole soak, warm-up, settle and checks included, at most
+REQUEST_S = 60  # from submit to the answer or refusal, queue wait included
+WARM_REQUESTS = 3  # normal requests before the warm RSS level is read, and again after the settle
+SETTLE_S = 5  # a pause after the soak before the settled RSS is read (garbage collection has no hook)
+RSS_GROWTH = 1.10  # the settled RSS is at most this times the warm level
+CANCEL_AFTER_S = 0.05  # a disconnect: the job cancelled this long after submit, then the page reloads
+POLL_S = 0.01  # how often a client reads its job's status (the queue wait's resolution)
+KINDS = ("normal", "hostile", "proxied", "hostile", "disconnect")  # what each client cycles through
+PROMPTS = 4  # distinct normal prompts per client (each checked against the target alone once)
 NEW_TOKENS = 8
 PROXIED = {"X-Forwarded-For": "203.0.113.7"}  # what a reverse proxy adds: a public visitor
 HOSTILE = [  # (changes to a good request, words of its one-line refusal)
@@ -38,6 +54,18 @@ HOSTILE = [  # (changes to a good request, words of its one-line refusal)
     (dict(seed=10**40), "seed must be an integer"),
     (dict(max_new_tokens=10**6), "max new tokens must be an integer in 1..16"),
 ]
+STARTED = {Status.PROCESSING, Status.PROGRESS, Status.ITERATING, Status.FINISHED}  # past the queue
+
+
+@dataclass
+class Outcome:
+    """One request as its client saw it."""
+    kind: str  # one of KINDS
+    detail: int  # the prompt number of a normal request, the HOSTILE index of a hostile one
+    verdict: str  # "answered", "refused" or "cancelled"
+    value: object  # the result, or the refusal's message
+    wait_s: float | None  # submit until the job was first seen processing (None: cancelled before)
+    total_s: float  # submit until the answer or refusal
 
 
 @pytest.fixture(scope="module")
@@ -57,48 +85,121 @@ def server(tmp_path_factory):
     url = f"http://127.0.0.1:{port}/"
     try:
         wait_until_serving(url, process)
-        yield url, paths, log
+        yield url, paths, log, process
     finally:
         process.terminate()
         process.wait(timeout=30)
         log.close()
 
 
-def ask(url: str, paths: dict, client: int, round_: int) -> tuple[str, object]:
-    """("answered", result) or ("refused", message) for request `round_` of `client`: client 0 asks normally,
-    client 1 through a proxy, clients 2 and 3 send the hostile inputs."""
-    inputs = dict(target=paths["target"], draft=paths["draft"], prompt=f"client {client} asks {round_}", k=3,
+def rss_kib(pid: int) -> int:
+    """The resident set size of process `pid`, in KiB (VmRSS of /proc/PID/status)."""
+    line = next(l for l in Path(f"/proc/{pid}/status").read_text().splitlines() if l.startswith("VmRSS:"))
+    return int(line.split()[1])
+
+
+def inputs_for(paths: dict, kind: str, client: int, detail: int) -> dict:
+    """The seven /speculate inputs of a request of `kind` (a hostile one changed by HOSTILE[detail])."""
+    inputs = dict(target=paths["target"], draft=paths["draft"], prompt=f"client {client} asks {detail}", k=3,
                   max_new_tokens=NEW_TOKENS, temperature=0.0, seed=client)
-    if client >= 2:
-        inputs.update(HOSTILE[(client - 2) * ROUNDS + round_][0])
-    try:
-        result = Client(url, verbose=False, headers=PROXIED if client == 1 else None).predict(
-            *inputs.values(), api_name="/speculate")
-        return "answered", result
-    except Exception as error:  # noqa: BLE001 - what a client sees, judged by the test
-        return "refused", str(error)
+    if kind == "hostile":
+        inputs.update(HOSTILE[detail][0])
+    return inputs
 
 
-def test_concurrent_normal_and_hostile_clients_get_results_or_one_clear_line(server):
-    url, paths, log = server
-    target = load_model(paths["target"])
+def send(client: Client, inputs: dict, cancel_after_s: float | None = None) -> tuple[str, object, float | None, float]:
+    """(verdict, result or message, queue wait, total time) of one /speculate job, its status polled; cancelled
+    `cancel_after_s` after submit when given."""
     start = time.monotonic()
-    jobs = [(c, r) for r in range(ROUNDS) for c in range(CLIENTS)]
+    job = client.submit(*inputs.values(), api_name="/speculate")
+    wait = None
+    while not job.done():
+        if wait is None and job.status().code in STARTED:
+            wait = time.monotonic() - start
+        if cancel_after_s is not None and time.monotonic() - start >= cancel_after_s:
+            job.cancel()
+            return "cancelled", None, wait, time.monotonic() - start
+        time.sleep(POLL_S)
+    wait = time.monotonic() - start if wait is None else wait  # done between two polls
+    try:
+        return "answered", job.result(timeout=REQUEST_S), wait, time.monotonic() - start
+    except Exception as error:  # noqa: BLE001 - what a client sees, judged by the test
+        return "refused", str(error), wait, time.monotonic() - start
+
+
+def soak_client(url: str, paths: dict, client: int, deadline: float) -> list[Outcome]:
+    """Client `client`'s requests until `deadline`, cycling KINDS (starting at its own place in the cycle)."""
+    plain, proxied = Client(url, verbose=False), Client(url, verbose=False, headers=PROXIED)
+    outcomes, n = [], 0
+    while time.monotonic() < deadline:
+        kind = KINDS[(client + n) % len(KINDS)]
+        detail = (client + n) % (len(HOSTILE) if kind == "hostile" else PROMPTS)
+        cancel = CANCEL_AFTER_S if kind == "disconnect" else None
+        sent = send(proxied if kind == "proxied" else plain, inputs_for(paths, kind, client, detail), cancel)
+        outcomes.append(Outcome(kind, detail, *sent))
+        if kind == "disconnect":  # the page reloads: a new client, so a new session and its own event stream
+            plain.close()  # (reset_session() keeps the old stream, whose end cancels the new session's next job)
+            plain = Client(url, verbose=False)
+        n += 1
+    plain.close(), proxied.close()
+    return outcomes
+
+
+def normal_requests(url: str, paths: dict, count: int) -> list[Outcome]:
+    """`count` normal requests from one client, one after another."""
+    client = Client(url, verbose=False)
+    outcomes = [Outcome("normal", n, *send(client, inputs_for(paths, "normal", 0, n))) for n in range(count)]
+    client.close()
+    return outcomes
+
+
+def percentile(values: list[float], q: int) -> float:
+    """The q-th percentile of `values` (statistics' exclusive method; the single value when only one)."""
+    return values[0] if len(values) == 1 else statistics.quantiles(values, n=100)[q - 1]
+
+
+def check(outcome: Outcome, client: int, alone) -> None:
+    """Assert `outcome` of `client` is what its kind must give: the target's own tokens, or its one clear line."""
+    if outcome.kind == "normal":
+        assert outcome.verdict == "answered", outcome
+        assert outcome.value["token_ids"] == alone(f"client {client} asks {outcome.detail}"), outcome
+    elif outcome.kind == "proxied":  # the tiny models are custom paths, off for a public visitor
+        assert outcome.verdict == "refused" and "custom model paths and ids are disabled" in outcome.value, outcome
+    elif outcome.kind == "hostile":
+        assert outcome.verdict == "refused" and HOSTILE[outcome.detail][1] in outcome.value, outcome
+    elif outcome.verdict != "cancelled":  # a disconnect its answer beat
+        assert outcome.value["token_ids"] == alone(f"client {client} asks {outcome.detail}"), outcome
+    if outcome.verdict == "refused":
+        assert "\n" not in outcome.value.strip() and "/.cache/" not in outcome.value, outcome
+    assert "Traceback" not in str(outcome.value), outcome
+    assert outcome.total_s <= REQUEST_S, outcome
+
+
+def test_concurrent_mixed_clients_get_results_or_one_clear_line_and_memory_settles(server):
+    url, paths, log, process = server
+    target = load_model(paths["target"])
+    alone = lru_cache(lambda prompt: autoregressive_generate(target, prompt, max_new_tokens=NEW_TOKENS).token_ids)
+    start = time.monotonic()
+    warm_up = normal_requests(url, paths, WARM_REQUESTS)
+    warm_kib = rss_kib(process.pid)
+    deadline = time.monotonic() + SOAK_S
     with ThreadPoolExecutor(CLIENTS) as pool:
-        outcomes = dict(zip(jobs, pool.map(lambda job: ask(url, paths, *job), jobs)))
-    assert time.monotonic() - start < SOAK_S
-    for (client, round_), (kind, value) in outcomes.items():
-        if client == 1:  # through a proxy: the tiny models are custom paths, off for a public visitor
-            assert kind == "refused" and "custom model paths and ids are disabled" in value, value
-        elif client >= 2:
-            words = HOSTILE[(client - 2) * ROUNDS + round_][1]
-            assert kind == "refused" and words in value, (client, round_, value)
-        else:
-            alone = autoregressive_generate(target, f"client {client} asks {round_}", max_new_tokens=NEW_TOKENS)
-            assert kind == "answered" and value["token_ids"] == alone.token_ids, value
-        if kind == "refused":
-            assert "\n" not in value.strip() and "Traceback" not in value and "/.cache/" not in value, value
-    kind, result = ask(url, paths, 0, 0)  # still serving, and correctly
-    assert kind == "answered" and len(result["token_ids"]) == NEW_TOKENS
+        per_client = list(pool.map(lambda c: soak_client(url, paths, c, deadline), range(CLIENTS)))
+    time.sleep(SETTLE_S)
+    settled = normal_requests(url, paths, WARM_REQUESTS)  # still serving, and correctly
+    settled_kib = rss_kib(process.pid)
+    elapsed = time.monotonic() - start
+    waits = sorted(o.wait_s for outcomes in per_client for o in outcomes if o.wait_s is not None)
+    counts = {kind: sum(o.kind == kind for outcomes in per_client for o in outcomes) for kind in KINDS}
+    report = (f"{sum(counts.values())} requests {counts} in {elapsed:.0f} s; queue wait p50 "
+              f"{percentile(waits, 50):.3f} s, p95 {percentile(waits, 95):.3f} s, max {waits[-1]:.3f} s over "
+              f"{len(waits)}; RSS warm {warm_kib / 1024:.0f} MiB, settled {settled_kib / 1024:.0f} MiB")
+    print(f"\nsoak: {report}")
+    assert elapsed < BOUND_S, report
+    for client, outcomes in [(0, warm_up), *enumerate(per_client), (0, settled)]:
+        for outcome in outcomes:
+            check(outcome, client, alone)
+    assert all(counts.values()), report  # every kind was sent
     log.seek(0)
     assert "Traceback" not in log.read()
+    assert settled_kib <= RSS_GROWTH * warm_kib, report
