@@ -19,7 +19,7 @@ from specdec.core.limits import Budget
 from specdec.dashboard import handlers, teach
 from specdec.dashboard.config import AppConfig
 from specdec.dashboard.hub import ModelHub
-from specdec.dashboard.layout import DELETE_CACHE, build_demo
+from specdec.dashboard.layout import DELETE_CACHE, build_demo, launch_options
 from specdec.dashboard.runs import DecodeRequest, RunControl, SEED_MAX, StopToken, stream
 from specdec.dashboard.tabs import compare, live, step
 from specdec.models import ModelPool, aligned, cache, entries
@@ -178,6 +178,15 @@ def test_limits_are_read_from_the_environment():
     assert (config.max_prompt_chars, config.queue_size, config.time_limit_s) == (99, 3, 7)
     with pytest.raises(ValueError, match="SPECDEC_QUEUE_SIZE"):
         AppConfig.from_env({"SPECDEC_QUEUE_SIZE": "0"})
+
+
+def test_the_sessions_kept_are_bounded_by_the_environment():
+    """Gradio keeps every session's state (a copy of the page's config) for an hour: without a bound, each page
+    opened or reloaded grows the server by a fraction of a megabyte (tests/test_soak.py measures it)."""
+    assert launch_options(AppConfig())["state_session_capacity"] == AppConfig.sessions
+    assert launch_options(AppConfig.from_env({"SPECDEC_SESSIONS": "7"}))["state_session_capacity"] == 7
+    with pytest.raises(ValueError, match="SPECDEC_SESSIONS"):
+        AppConfig.from_env({"SPECDEC_SESSIONS": "0"})
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ Every knob a host needs (a laptop, a free CPU Hugging Face Space) is an environm
 | SPECDEC_TIME_LIMIT_S | time_limit_s | 120 |
 | SPECDEC_CONCURRENCY | concurrency | 1 |
 | SPECDEC_QUEUE_SIZE | queue_size | 16 |
+| SPECDEC_SESSIONS | sessions | 100 |
 | SPECDEC_DTYPE | dtype | auto (the target's and each draft's format measured on this machine); or one format for all |
 | SPECDEC_TARGET / SPECDEC_DRAFT | default_target / default_draft | the catalogue's default pair |
 | SPECDEC_UNALIGNED | default_unaligned | the catalogue's first unaligned draft |
@@ -74,6 +75,7 @@ class AppConfig:
     time_limit_s: int = 120  # wall time of one request: loading, calibration, prefill and every decode of it
     concurrency: int = 1  # decodes running at once (each holds the CPU); the rest wait in the queue
     queue_size: int = 16  # requests waiting at most; one more is refused with a "busy" message
+    sessions: int = 100  # sessions whose state the server keeps (~0.3 MB each, an hour after they close); oldest go
     dtype: str = "auto"  # weights dtype of every model the app loads (auto: specdec.models.resolve_dtype)
     default_target: str = ""  # preselected target ("" = the catalogue's default pair)
     default_draft: str = ""  # preselected draft ("" = the catalogue's default pair)
@@ -103,6 +105,7 @@ class AppConfig:
             time_limit_s=_integer(environ, "SPECDEC_TIME_LIMIT_S", cls.time_limit_s, 1, 86_400),
             concurrency=_integer(environ, "SPECDEC_CONCURRENCY", cls.concurrency, 1, 64),
             queue_size=_integer(environ, "SPECDEC_QUEUE_SIZE", cls.queue_size, 1, 10_000),
+            sessions=_integer(environ, "SPECDEC_SESSIONS", cls.sessions, 1, 100_000),
             dtype=environ.get("SPECDEC_DTYPE", cls.dtype),
             default_target=environ.get("SPECDEC_TARGET", ""),
             default_draft=environ.get("SPECDEC_DRAFT", ""),

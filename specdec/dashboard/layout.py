@@ -55,4 +55,5 @@ def build_demo(config: AppConfig, hub: ModelHub | None = None) -> gr.Blocks:
 
 def launch_options(config: AppConfig) -> dict:
     """Keyword arguments of demo.launch() for `config` (CSS and theme are launch options in Gradio 6)."""
-    return dict(server_name=config.host, server_port=config.port, css=CSS, theme=gr.themes.Soft())
+    return dict(server_name=config.host, server_port=config.port, css=CSS, theme=gr.themes.Soft(),
+                state_session_capacity=config.sessions)
