@@ -3,9 +3,9 @@ looping for SOAK_S and mixing normal requests, requests through a proxy, the hos
 prompts, unknown or overlong names, file-reading specs, bad numbers) and page-reload-like disconnects (a job
 cancelled shortly after it is submitted, then a new client and session). Every request is answered or refused with
 one clear line within REQUEST_S; the server never shows a traceback or its cache, still answers correctly
-afterwards, and its RSS settles back within RSS_GROWTH of its warm level. The queue wait (submit until the job is processing) is
-reported as p50/p95 (`pytest -s` prints it). The UI's Stop is a private event, not offered to API clients, so a
-disconnect is the client-side stop here. Select it with `-m soak` (it also runs with the rest)."""
+afterwards, and its RSS settles back within RSS_GROWTH of its warm level. The queue wait (submit until the job is
+processing) is reported as p50/p95 (`pytest -s` prints it). The UI's Stop is a private event, not offered to API
+clients, so a disconnect is the client-side stop here. Select it with `-m soak` (it also runs with the rest)."""
 from __future__ import annotations
 
 import os
