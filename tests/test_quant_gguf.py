@@ -220,6 +220,7 @@ def test_every_path_that_reads_the_gguf_again_assembles_it_and_removes_it_after(
     float32 = load_model(name, dtype="float32")
     assert float32.source == "package" and not gguf_file.exists()
     assert sorted(cache.stored(name)) == ["float32", "int4", "int8"]
+    assert gguf_read._reader.cache_info().currsize == 0  # no memory map of the removed file left behind
     with monkeypatch.context() as patch:
         refuse_assembly(patch)
         assert load_model(name, quant="int8").source == "cache (int8)"

@@ -27,7 +27,7 @@ import torch
 from safetensors import SafetensorError
 
 from specdec.drafters import Vocabulary, from_spec
-from specdec.models import aligned, cache, convert, entries, formats, hub, quant, quant_store
+from specdec.models import aligned, cache, convert, entries, formats, gguf_read, hub, quant, quant_store
 from specdec.models.cache import Progress
 from specdec.models.speed import apply_speed_levers
 
@@ -305,6 +305,7 @@ def assembled(entry: entries.CatalogueEntry, progress: Progress | None = None) -
     chunks = [path for path in package.chunk_paths() if path is not None]
     with cache.assembled(chunks, package.sha256, destination, progress) as path:
         yield path
+    gguf_read.forget()  # no parse of it kept (a memory map would hold the file's disk space once removed)
     _release(entry)
 
 
