@@ -153,9 +153,7 @@ def weights_kept():
 
 def release_weights(model: torch.nn.Module) -> torch.nn.Module:
     """Drop the int8 weights kept within `weights_kept` wherever fbgemm's copy computes every product (not inside
-    another `weights_kept`: that one's caller releases them)."""
-    if _KEPT[0]:
-        return model
+    another `weights_kept`: that one's caller releases them, `Int8Linear.release_weight`)."""
     for module in model.modules():
         if isinstance(module, Int8Linear):
             module.release_weight()
@@ -215,7 +213,8 @@ class Int8Linear(torch.nn.Module):
         self.packed = _pack(weight) if fits and fbgemm_is_exact() else None
         if self.packed is not None and not _same_sums(self.packed, weight):
             self.packed = None  # never seen; a kernel path for this shape that is not exact falls back
-        self.register_buffer("weight", weight.to("meta") if self._drops_weight() and _KEPT[0] == 0 else weight)
+        self.register_buffer("weight", weight)
+        self.release_weight()
 
     def _drops_weight(self) -> bool:
         """Whether the int8 weight need not stay in memory: fbgemm's copy computes every product, no reader wants it."""
@@ -223,8 +222,9 @@ class Int8Linear(torch.nn.Module):
         return packed and not self.keeps_weight
 
     def release_weight(self) -> None:
-        """Drop the int8 weight kept while `weights_kept` where `_drops_weight` says it may go."""
-        if self._drops_weight():
+        """Drop the int8 weight where `_drops_weight` says it may go, unless inside `weights_kept` (the one place
+        that rule is applied: packing, coupling and `release_weights` all come here)."""
+        if _KEPT[0] == 0 and self._drops_weight():
             self.weight = self.weight.to("meta")
 
     def int8_weight(self) -> torch.Tensor:
@@ -262,8 +262,7 @@ class Int8Linear(torch.nn.Module):
         self.coupled = torch.ops.quantized.linear_prepack(weight, self.bias)
         self.reduce_range = not fbgemm_exact_for(INT8_MAX)
         self.packed = None  # the row-invariant copy is not used any more
-        if _KEPT[0] == 0:
-            self.release_weight()
+        self.release_weight()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)  # [M, in], M = tokens
