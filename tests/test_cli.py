@@ -71,6 +71,7 @@ def test_generate_json_is_the_whole_result(folders, capsys):
     (["--k", "0"], "k must be"),
     (["--max-new-tokens", "0"], "max_new_tokens"),
     (["--prompt", ""], "empty prompt"),
+    (["--threads", "0"], "--threads takes a positive number"),
 ])
 def test_bad_input_is_one_clear_line(folders, capsys, extra, message):
     target, draft = folders
@@ -100,3 +101,17 @@ def test_profile_prints_the_measured_format_choice_and_why(folders, capsys):
                        "--draft-dtype", "auto")
     assert code == 0 and "target format:" in out and "draft format:" in out
     assert "row-invariant" in out and "v(5)" in out and "never changes the output" in out
+
+
+@pytest.mark.parametrize("command", MODEL_COMMANDS)
+def test_threads_sets_torch_threads_for_the_command(folders, capsys, monkeypatch, command):
+    seen = []
+    monkeypatch.setattr(cli.torch, "set_num_threads", seen.append)
+    parser = cli.build_parser()
+    target, draft = folders
+    extra = {"generate": ["--draft", str(draft), "--prompt", "def"], "bench": ["--draft", str(draft), "--out", "x"],
+             "profile": [], "probe": ["--draft", str(draft)]}[command]
+    args = parser.parse_args([command, "--target", str(target), *extra, "--threads", "1"])
+    assert args.threads == 1
+    cli.apply_threads(args.threads)
+    assert seen == [1]

@@ -7,6 +7,8 @@ import importlib
 import pkgutil
 import sys
 
+import torch
+
 from specdec.models import cache
 
 
@@ -23,7 +25,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        apply_threads(getattr(args, "threads", None))
         return int(args.func(args) or 0)
     except ValueError as error:  # bad input: a clear message, no traceback
         print(f"error: {cache.redact(str(error))}", file=sys.stderr)
         return 1
+
+
+def apply_threads(threads: int | None) -> None:
+    """--threads: torch's CPU threads for the whole command (None leaves torch's default)."""
+    if threads is None:
+        return
+    if threads < 1:
+        raise ValueError(f"--threads takes a positive number of threads, got {threads}")
+    torch.set_num_threads(threads)

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from specdec.core import files
 from specdec.core.inputs import check_vocabularies
 from specdec.core.suites import Prompt, available_suites, encode, has_held_out, load_suite, split_note
@@ -58,15 +56,9 @@ def add_distill_arguments(p) -> None:
     p.add_argument("--top-k", type=int, default=defaults.top_k, help="soft labels kept per position (0 = all)")
     p.add_argument("--max-new-tokens", type=int, default=48, help="target continuation length per prompt")
     p.add_argument("--eval-every", type=int, default=defaults.eval_every)
-    p.add_argument("--threads", type=int, help="torch CPU threads (1 can be faster when other processes share few cores)")
     p.add_argument("--checkpoint-every", type=int, default=defaults.checkpoint_every)
     p.add_argument("--eval-k", type=int, default=defaults.eval_k)
     p.add_argument("--eval-max-new-tokens", type=int, default=defaults.eval_max_new_tokens)
-
-
-def apply_threads(args) -> None:
-    if args.threads:
-        torch.set_num_threads(args.threads)
 
 
 def config_from(args) -> DistillConfig:
@@ -112,7 +104,6 @@ def check_run_folder(out: Path, resume: bool, overwrite: bool) -> None:
 
 
 def run(args) -> int:
-    apply_threads(args)
     train = read_prompts(args.prompts, args.split, args.train_limit)
     held_out = held_out_prompts(args.eval_prompts, args.prompts, args.eval_limit)
     say_split(args.prompts, args.split, args.eval_prompts)

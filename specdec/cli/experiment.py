@@ -16,7 +16,7 @@ import copy
 from pathlib import Path
 
 from specdec.cli.arguments import parse_fixed_k
-from specdec.cli.distill import (add_distill_arguments, apply_threads, config_from, held_out_prompts, prompt_ids,
+from specdec.cli.distill import (add_distill_arguments, config_from, held_out_prompts, prompt_ids,
                                  read_prompts, say_split)
 from specdec.core.limits import K_MAX
 from specdec.core.suites import encode, load_suite
@@ -64,7 +64,6 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     """Each domain of --prompts (comma-separated suites or files) through every stage of the recipe."""
-    apply_threads(args)
     domains = [d.strip() for d in args.prompts.split(",") if d.strip()]
     for domain in domains:  # inputs first, then the models
         read_prompts(domain, args.split, args.train_limit)

@@ -349,7 +349,7 @@ def _from_folder(folder: Path, dtype: str, device: str, trust_remote_code: bool)
 
 
 def add_model_arguments(parser, *, target_default: str | None = None) -> None:
-    """`--target` (required unless `target_default` is given) and `--dtype` on an argparse parser."""
+    """`--target` (required unless `target_default` is given), the weight formats and `--threads` on a parser."""
     parser.add_argument("--target", required=target_default is None, default=target_default,
                         help=f"target model: catalogue name (default pair: {entries.default_name('target')} + "
                              f"{entries.default_name('draft')}), local folder, .gguf file, hub id org/name, "
@@ -366,6 +366,9 @@ def add_model_arguments(parser, *, target_default: str | None = None) -> None:
     parser.add_argument("--draft-dtype", choices=DTYPES, default="auto",
                         help="the draft's weight format, apart from the target's: a draft's precision never "
                              "changes the output; auto = the fastest measured on this machine")
+    parser.add_argument("--threads", type=int,
+                        help="torch CPU threads (default: torch's, one per core); costs and format choices are "
+                             "measured and cached per thread count")
 
 
 def load_draft(spec: str, target: LoadedModel, *, dtype="auto", bridge: Vocabulary | str = Vocabulary.AUTO,
