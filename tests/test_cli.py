@@ -100,6 +100,7 @@ def test_profile_prints_the_measured_format_choice_and_why(folders, capsys):
     code, out, _ = run(capsys, "profile", "--target", str(target), "--draft", str(draft), "--dtype", "auto",
                        "--draft-dtype", "auto")
     assert code == 0 and "target format:" in out and "draft format:" in out
+    assert "quality against its float model not measured yet" in out
     assert "row-invariant" in out and "v(5)" in out and "never changes the output" in out
 
 

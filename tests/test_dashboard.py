@@ -84,4 +84,4 @@ def test_the_hardware_tab_reads_on_opening_and_refresh_and_measures_the_live_pai
     measure = next(block for block in demo.fns.values() if name(block.fn) == "measure_costs")
     assert [c.label for c in measure.inputs] == [c.label for c in views[0].inputs] == ["target model", "draft",
                                                                                         "draft vocabulary"]
-    assert len(measure.outputs) == len(views[0].outputs) == 6
+    assert len(measure.outputs) == len(views[0].outputs) == 7

@@ -12,6 +12,7 @@ from specdec.dashboard.hub import ModelHub
 from specdec.dashboard.tabs import hardware as hardware_tab
 from specdec.models import ModelPool, formats
 from specdec.models.formats import FormatTiming
+from specdec.models.entries import default_name
 from specdec.models.loading import architecture
 from tiny_models import Progress
 
@@ -107,8 +108,9 @@ def test_the_device_names_the_cpu_its_vector_features_and_torchs_kernels(monkeyp
 
 def test_the_tab_shows_what_is_in_memory_and_measure_loads_and_calibrates_the_pair(timed, paths):
     hub = ModelHub(AppConfig(), pool=ModelPool())
-    device, models_line, models, candidates, costs_line, curve = hardware_tab.hardware_view(
+    device, models_line, models, candidates, costs_line, curve, quality = hardware_tab.hardware_view(
         hub, paths["target"], paths["draft"], "auto")
+    assert "quality against its float model not measured yet" in quality
     assert "vector features" in device and models_line.startswith("no model in memory") and models.empty
     assert costs_line == hardware_tab.NOT_LOADED and curve.empty
     assert hub.pool.loaded() == [] and timed == []  # opening the tab loads and times nothing
@@ -126,3 +128,10 @@ def test_bad_input_is_one_clear_line(timed, paths):
     assert line.startswith("unknown model 'no-such-model'") and "\n" not in line
     with pytest.raises(gr.Error, match="unknown model 'no-such-model'"):
         hardware_tab.measure_costs(hub, "no-such-model", "lookup", "auto", progress=Progress())
+
+
+def test_the_tab_shows_the_default_targets_shipped_quality_without_loading_it(timed):
+    hub = ModelHub(AppConfig(), pool=ModelPool())
+    quality = hardware_tab.hardware_view(hub, default_name("target"), "lookup", "auto")[6]
+    assert f"{default_name('target')} int8 against" in quality and "top-1 agreement" in quality
+    assert hub.pool.loaded() == [] and timed == []

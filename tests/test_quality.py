@@ -10,6 +10,7 @@ import torch
 from specdec.cli import main
 from specdec.core.suites import Prompt
 from specdec.lab import quality
+from specdec.models.entries import default_name
 from specdec.lab.quality import PromptScores, measure_quality, pool, read_prompts, report_of
 from specdec.testing import perturbed_copy, tiny_model
 from specdec.training import distill
@@ -123,6 +124,37 @@ def test_the_cli_measures_the_int8_target_and_writes_its_report(paths, capsys, t
     assert (tmp_path / "out" / "quality.md").read_text().strip() in out
     code, out, _ = run(capsys, *argv, "--max-ppl-ratio", "0.5")
     assert code == 2 and "not met" in out
+    name = data["candidate"].rsplit(" ", 1)[0]
+    [kept] = quality.records_for(name)  # the run's pooled row, kept where the app and `profile` read it
+    assert (kept.candidate, kept.prompts, kept.tokens) == (data["candidate"], 12, data["pooled"]["tokens"])
+    assert kept.agreement == data["pooled"]["agreement"] and kept.ppl_ratio == data["pooled"]["ppl_ratio"]
+
+
+def record(candidate: str, agreement: float = 0.97, date: str = "2026-01-02T03:04:05+00:00") -> quality.QualityRecord:
+    return quality.QualityRecord(candidate, "m float32", 42, 1344, agreement, 1.0058, "Some CPU, 2 threads", date)
+
+
+def test_records_of_this_machine_come_before_the_shipped_ones_and_a_bad_file_is_skipped(tmp_path):
+    here, shipped = tmp_path / "here", tmp_path / "shipped"
+    quality.save_record(record("m int8", 0.99), here)
+    quality.save_record(record("m int8", 0.5), shipped)
+    quality.save_record(record("m int4", 0.95), shipped)
+    quality.save_record(record("m-large int8", 0.1), shipped)  # another model whose name starts alike
+    (shipped / "m-bf16.json").write_text("{not json")
+    found = quality.records_for("m", [here, shipped])
+    assert [(r.candidate, r.agreement) for r in found] == [("m int8", 0.99), ("m int4", 0.95)]
+    assert found[0].line() == ("m int8 against m float32: top-1 agreement 99.0 %, perplexity +0.58 % over 1344 "
+                               "positions of 42 held-out prompts (measured 2026-01-02 on Some CPU, 2 threads)")
+
+
+def test_a_model_without_records_says_how_to_measure_it(tmp_path):
+    [line] = quality.quality_lines("m", [tmp_path])
+    assert "not measured yet" in line and "python -m specdec quality --target m --quant int8" in line
+
+
+def test_the_shipped_records_read_back_for_the_default_target():
+    found = quality.records_for(default_name("target"), [quality.SHIPPED])
+    assert found and all(0 < r.agreement <= 1 and r.ppl_ratio > 0 for r in found)
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -47,6 +47,7 @@ from specdec.costs.calibration import calibrate
 from specdec.costs.profile import measured_profile, save_profile
 from specdec.drafters import Vocabulary, from_spec
 from specdec.lab import breakdown, levers
+from specdec.lab.quality import quality_lines
 from specdec.models.loading import LoadedModel, add_model_arguments, format_choice, load_draft, load_model
 from specdec.models.random_weights import load_random
 
@@ -103,7 +104,7 @@ def run(args) -> int:
     curve = measured[0].target
     source = "measured now" if any(c.measured_now for c in measured) else "cached; --recalibrate measures again"
     print(f"{target.name} ({target.dtype}, {target.device}, {torch.get_num_threads()} threads){weights}, {source}")
-    _print_formats(args, drafts)
+    _print_formats(args, target, drafts)
     print(f"one-token target step: {curve.step_s * 1000:.1f} ms")
     print("n new tokens | ms   | v(n)")
     for n, v in enumerate(curve.verify, start=1):
@@ -124,13 +125,14 @@ def run(args) -> int:
     return 0
 
 
-def _print_formats(args, drafts: dict) -> None:
+def _print_formats(args, target: LoadedModel, drafts: dict) -> None:
     """Where a format was chosen by measurement (--dtype / --draft-dtype auto): the choice, every candidate's
-    timings and why."""
+    timings and why; and what is known of the target formats' quality against the float model."""
     if args.random_weights:
         return
     if args.dtype == "auto" and args.quant == "none":
         print(format_choice(args.target, "target").describe())
+    print("\n".join(quality_lines(target.name)))
     for spec, draft in drafts.items():
         if args.draft_dtype == "auto" and isinstance(draft, LoadedModel):
             print(format_choice(spec, "draft").describe())

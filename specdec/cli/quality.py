@@ -11,7 +11,7 @@ from pathlib import Path
 from specdec.core.files import write_text
 from specdec.core.suites import SPLITS
 from specdec.lab.quality import (Check, PromptScores, QualityReport, QualityRow, check_targets, measure_quality,
-                                 read_prompts)
+                                 read_prompts, record_of, save_record)
 from specdec.models.loading import add_model_arguments, load_model, resolve_dtype
 
 NOT_MET = 2  # exit code when a given target is not met
@@ -64,6 +64,7 @@ def run(args) -> int:
     checks = check_targets(report.pooled, args.min_agreement, args.max_ppl_ratio)
     text = markdown(report, checks)
     print(text)
+    save_record(record_of(report))  # what the app and `profile` show beside this target's format
     if args.out:
         write(Path(args.out), report, checks, text)
     return NOT_MET if any(not c.met for c in checks) else 0

@@ -24,6 +24,7 @@ import threading
 from pathlib import Path
 from typing import Iterator
 
+ASSETS = Path(__file__).resolve().parents[2] / "assets"  # the data that ships with the code (catalogue, prompts, ...)
 PARTIAL = ".partial-"  # NAME.partial-<pid>-<thread>: a write of NAME in progress (or left by a killed writer)
 WRITER = ".writer-"  # NAME.writer-<pid>-<thread>: the token the writer of NAME.partial-<pid>-<thread> holds locked
 PREVIOUS = ".previous"  # <partial>.previous: the folder being replaced, moved aside until the new one is in place

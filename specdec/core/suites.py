@@ -18,9 +18,10 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from specdec.core import files
 from specdec.core.inputs import parse_json
 
-SUITES_DIR = Path(__file__).resolve().parents[2] / "assets" / "prompts"
+SUITES_DIR = files.ASSETS / "prompts"
 SPLITS = ("dev", "heldout")
 TEMPLATES = ("chat", "raw")
 REQUIRED_FIELDS = ("id", "category", "prompt")

@@ -20,16 +20,24 @@ The text is the reference model's greedy continuations of the held-out prompts (
 (model, dtype, prompts, length) under the specdec cache, one line per finished prompt, so a rerun (or a run
 after a kill) does not generate them again. `BIAS` says
 what that choice favours.
+
+Each run's pooled row is kept as a `QualityRecord` (where and when it was measured) under the specdec cache,
+and the default target's are shipped under `assets/quality/`: `records_for(name)` is what the app's Hardware
+tab and `profile` show beside the target's weight format (this machine's measurement first).
 """
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from datetime import datetime, timezone
+from pathlib import Path
 from typing import Callable
 
 import torch
 
-from specdec.core.inputs import unwrap
+from specdec.core import files, hardware
+from specdec.core.inputs import parse_json, unwrap
 from specdec.core.suites import Prompt, encode, load_suite
 from specdec.models import cache
 from specdec.models.loading import LoadedModel
@@ -42,6 +50,8 @@ BIAS = ("the reference chose every token of this text (its argmax at each step),
         "perplexity here is lower than on text neither model wrote, and the ratio candidate/reference is "
         "larger than it would be there; agreement counts positions on the reference's path only")
 CACHE_FOLDER = "quality"  # under the specdec cache: the reference continuations
+RECORDS_FOLDER = "quality-records"  # under the specdec cache: the pooled row of each run here, by candidate
+SHIPPED = files.ASSETS / "quality"  # records that ship with the code: the default target's formats
 
 
 @dataclass
@@ -210,3 +220,63 @@ def check_targets(row: QualityRow, min_agreement: float | None = None,
     if max_ppl_ratio is not None:
         checks.append(Check(f"perplexity ratio <= {max_ppl_ratio:.3f}", row.ppl_ratio, row.ppl_ratio <= max_ppl_ratio))
     return checks
+
+
+@dataclass
+class QualityRecord:
+    """A report's pooled row with where and when it was measured: what is shown beside a target's format."""
+
+    candidate: str  # "name dtype" of the model measured, e.g. "qwen2.5-coder-1.5b-instruct int8"
+    reference: str  # "name dtype" of the model it was measured against
+    prompts: int  # prompts scored
+    tokens: int  # continuation positions scored
+    agreement: float  # pooled teacher-forced top-1 agreement
+    ppl_ratio: float  # pooled perplexity ratio candidate / reference
+    hardware: str  # `specdec.core.hardware.label` of the machine it was measured on
+    date: str  # when, ISO 8601 UTC
+
+    def line(self) -> str:
+        return (f"{self.candidate} against {self.reference}: top-1 agreement {100 * self.agreement:.1f} %, "
+                f"perplexity {100 * (self.ppl_ratio - 1):+.2f} % over {self.tokens} positions of {self.prompts} "
+                f"held-out prompts (measured {self.date[:10]} on {self.hardware})")
+
+
+def record_of(report: QualityReport) -> QualityRecord:
+    """The pooled row of `report`, measured now on this machine."""
+    row = report.pooled
+    return QualityRecord(report.candidate, report.reference, row.prompts, row.tokens, row.agreement, row.ppl_ratio,
+                         hardware.label(hardware.describe()), datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+
+def save_record(record: QualityRecord, folder: Path | None = None) -> Path:
+    """Keep `record` under the cache (`folder` overrides), replacing an earlier one of the same candidate."""
+    path = (folder or cache.root() / RECORDS_FOLDER) / f"{record.candidate.replace(' ', '-')}.json"
+    files.write_text(path, json.dumps(asdict(record), indent=1))
+    return path
+
+
+def records_for(name: str, folders: list[Path] | None = None) -> list[QualityRecord]:
+    """Every record of the model `name` (any format): this machine's first, then the shipped ones of a format
+    not measured here. A file that does not read as a record is skipped."""
+    found: dict[str, QualityRecord] = {}
+    for folder in folders or [cache.root() / RECORDS_FOLDER, SHIPPED]:
+        for path in sorted(Path(folder).glob("*.json")):
+            record = _read_record(path)
+            if record is not None and record.candidate.rsplit(" ", 1)[0] == name:
+                found.setdefault(record.candidate, record)
+    return list(found.values())
+
+
+def _read_record(path: Path) -> QualityRecord | None:
+    try:
+        data = parse_json(path.read_text(encoding="utf-8"))
+        return QualityRecord(**{f.name: data[f.name] for f in fields(QualityRecord)})
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def quality_lines(name: str, folders: list[Path] | None = None) -> list[str]:
+    """What is known of the quality of `name`'s formats against its float model, or how to measure it."""
+    lines = [record.line() for record in records_for(name, folders)]
+    return lines or [f"{name}: quality against its float model not measured yet "
+                     f"(`python -m specdec quality --target {name} --quant int8`)"]

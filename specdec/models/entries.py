@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from specdec.core import files
 from specdec.models import cache as weights_cache, hub
 
-CATALOGUE_PATH = Path(__file__).resolve().parents[2] / "assets" / "models.json"
+CATALOGUE_PATH = files.ASSETS / "models.json"
 STATUSES = ("ready", "needs assembly", "needs download")
 
 

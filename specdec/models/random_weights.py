@@ -14,11 +14,12 @@ from pathlib import Path
 
 from transformers import AutoConfig
 
+from specdec.core import files
 from specdec.core.timing import Timer
 from specdec.models import entries, formats
 from specdec.models.loading import LoadedModel, resolve_device, resolve_dtype
 
-CONFIGS = Path(__file__).resolve().parents[2] / "assets" / "configs"
+CONFIGS = files.ASSETS / "configs"
 SOURCE = "random weights"  # LoadedModel.source of a model built here
 
 

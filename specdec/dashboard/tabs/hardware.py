@@ -10,6 +10,7 @@ import gradio as gr
 import pandas as pd
 
 from specdec.costs.machine import MachineReport, machine_report
+from specdec.lab.quality import quality_lines
 from specdec.models import cache
 from specdec.models.pool import NotLoaded
 
@@ -35,6 +36,7 @@ def build(config: AppConfig, hub: ModelHub, live) -> list:
         models_line = gr.Markdown(elem_id="hardware-models-line")
         models = gr.DataFrame(label="each model in memory: its weight format and why", elem_id="hardware-models",
                               wrap=True)
+        quality = gr.Markdown(elem_id="hardware-quality")
         candidates = gr.DataFrame(label="every format measured for it, fastest first (✓ the chosen one)",
                                   elem_id="hardware-formats", wrap=True)
         costs_line = gr.Markdown(elem_id="hardware-costs")
@@ -46,7 +48,7 @@ def build(config: AppConfig, hub: ModelHub, live) -> list:
                                 elem_id="hardware-measure")
 
     pair = [live.target, live.draft, live.bridge]
-    outputs = [device, models_line, models, candidates, costs_line, curve]
+    outputs = [device, models_line, models, candidates, costs_line, curve, quality]
     for trigger in (tab.select, refresh.click):
         private(trigger, partial(hardware_view, hub), pair, outputs, concurrency_limit=None)
     measured = private(measure.click, on_gpu(partial(measure_costs, hub), config), pair, outputs,
@@ -62,7 +64,9 @@ def hardware_view(hub: ModelHub, target, draft, bridge) -> tuple:
         pair, missing = (None, None), NOT_LOADED
     except ValueError as error:  # a name this host does not offer, a draft that does not fit the target
         pair, missing = (None, None), cache.redact(str(error))
-    return render(machine_report(hub.pool.held(), *pair, draft_name=draft, missing=missing))
+    name = pair[0].name if pair[0] is not None else target
+    return render(machine_report(hub.pool.held(), *pair, draft_name=draft, missing=missing)) + (
+        "  \n".join(quality_lines(name)),)
 
 
 @user_errors
@@ -75,6 +79,7 @@ def measure_costs(hub: ModelHub, target, draft, bridge, progress=gr.Progress(tra
 
 
 def render(report: MachineReport) -> tuple:
-    """The report as the tab's outputs: device lines, models line and table, candidates, costs line, v(n) table."""
+    """The report as the tab's outputs: device lines, models line and table, candidates, costs line, v(n) table
+    (`hardware_view` adds the target's measured quality against its float model)."""
     return ("  \n".join(report.device.lines()), report.models_line(), pd.DataFrame(report.model_rows()),
             pd.DataFrame(report.candidate_rows()), report.costs_line(), pd.DataFrame(report.curve_rows()))
