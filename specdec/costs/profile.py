@@ -10,10 +10,14 @@ price the acceptance measured here with the costs measured there:
 E[tokens per round](k) from the α̂ per draft position measured here (`specdec.core.theory.tokens_per_round_by_k`:
 the acceptance of a draft does not depend on the hardware, its price does). A file that is not a profile, of
 another format version, damaged, or of another target is refused with one line naming it.
+
+The app offers the profiles bundled under `assets/hardware/*.json` (`bundled_profiles`): its compare and theory
+tabs show, next to the speedup measured here, the speedup predicted on the hardware chosen (`predict_for`).
 """
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
@@ -24,6 +28,9 @@ from specdec.core.costmodel import CostModel, TargetCosts
 
 FORMAT = "specdec cost profile"  # the "format" field every profile carries
 VERSION = 1  # bump when the fields change meaning
+HARDWARE = Path(__file__).resolve().parents[2] / "assets" / "hardware"  # the profiles the app offers (`*.json`)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -47,6 +54,11 @@ class CostProfile:
         """The hardware in a few words, with dtype and device."""
         return f"{hardware.label(self.hardware)} ({self.dtype}, {self.device})"
 
+    @property
+    def title(self) -> str:
+        """The label and the day it was measured: which hardware a prediction is for."""
+        return f"{self.label}, profiled {self.date[:10]}"
+
     def to_dict(self) -> dict:
         data = asdict(self)
         del data["source"]
@@ -65,6 +77,14 @@ class CostProfile:
         """Refuse a profile measured for another target than `name`."""
         if name != self.target:
             raise ValueError(f"{self.source}: a cost profile of target {self.target!r}, not {name!r}")
+
+    def unpriced(self, target: str, draft: str) -> str | None:
+        """Why this profile cannot price `draft` drafting for `target`, in a few words (a table cell), or None."""
+        if target != self.target:
+            return f"not for this target (a profile of {self.target})"
+        if draft not in self.drafts:
+            return "no c for this draft there"
+        return None
 
 
 def measured_profile(target, curve: TargetCosts, drafts: dict[str, float], weights: str) -> CostProfile:
@@ -103,6 +123,18 @@ def load_profile(path: str | Path) -> CostProfile:
     if problem:
         raise ValueError(f"{path}: a damaged cost profile ({problem})")
     return profile
+
+
+def bundled_profiles(folder: Path | None = None) -> dict[str, CostProfile]:
+    """The profiles in `folder` (default `HARDWARE`; `*.json`, none when it is absent) by file name; a file
+    `load_profile` refuses is left out, its one line naming it logged as a warning."""
+    profiles = {}
+    for path in sorted(Path(folder or HARDWARE).glob("*.json")):
+        try:
+            profiles[path.name] = load_profile(path)
+        except ValueError as error:
+            log.warning("%s", error)
+    return profiles
 
 
 def _problem(profile: CostProfile) -> str | None:
@@ -156,3 +188,9 @@ def predict(profile: CostProfile, draft: str, position_rates: list[float], k: in
     curve = speedups_by_k(position_rates, profile.costs(draft))
     best_k = max(range(1, len(curve)), key=lambda n: (curve[n], -n), default=0)
     return Prediction(profile.label, k, curve[min(k, len(curve) - 1)], best_k, curve[best_k])
+
+
+def predict_for(profile: CostProfile, target: str, draft: str, position_rates: list[float], k: int) -> Prediction | str:
+    """`predict` for `draft` drafting for `target` (a LoadedModel's name), or why `profile` cannot price that pair
+    in a few words (`CostProfile.unpriced`: another target, no c for the draft)."""
+    return profile.unpriced(target, draft) or predict(profile, draft, position_rates, k)
