@@ -13,6 +13,7 @@ from specdec.dashboard.chips import chips_html
 from specdec.dashboard.config import AppConfig
 from specdec.dashboard.hub import ModelHub
 from specdec.dashboard.panels import definitions, stats_html
+from specdec.dashboard.profiles import THIS_MACHINE
 from specdec.dashboard.runs import DecodeRequest, RunControl
 from specdec.dashboard.tabs import compare, live, theory as theory_tab
 from specdec.lab import plots as figures
@@ -138,8 +139,8 @@ def test_bad_input_is_a_visible_gr_error(hub, paths):
 
 def test_compare_runs_each_draft_and_reports_the_one_that_cannot(hub, paths):
     *_, (aligned, naive, as_is, table, chart, status) = compare.compare(
-        hub, paths["target"], PROMPT, 3, 12, paths["draft"], "as is", paths["unaligned"], "naive ids",
-        paths["unaligned"], "as is", progress=Progress())
+        hub, {}, paths["target"], PROMPT, 3, 12, THIS_MACHINE, paths["draft"], "as is", paths["unaligned"],
+        "naive ids", paths["unaligned"], "as is", progress=Progress())
     assert "chip-" in aligned and "chip-" in naive
     assert "vocabulary mismatch" in as_is
     assert status.startswith("done: 2 draft(s)")
@@ -149,7 +150,8 @@ def test_compare_runs_each_draft_and_reports_the_one_that_cannot(hub, paths):
 
 
 def test_k_sweep_measures_each_k_and_pools_alpha(hub, paths):
-    updates = list(theory_tab.k_sweep(hub, paths["target"], paths["draft"], "auto", PROMPT, 12, 3, progress=Progress()))
+    updates = list(theory_tab.k_sweep(hub, {}, paths["target"], paths["draft"], "auto", PROMPT, 12, 3, THIS_MACHINE,
+                                      progress=Progress()))
     figure, alpha, c, slope, table, sweep, status = updates[-1]
     assert [k for k, _ in sweep["points"]] == [1, 2, 3] and status == "done"
     assert list(table["k"]) == [1, 2, 3] and sweep["verify"][0] == 1.0

@@ -20,6 +20,7 @@ from specdec.dashboard import handlers, teach
 from specdec.dashboard.config import AppConfig
 from specdec.dashboard.hub import ModelHub
 from specdec.dashboard.layout import DELETE_CACHE, build_demo, launch_options
+from specdec.dashboard.profiles import THIS_MACHINE
 from specdec.dashboard.runs import DecodeRequest, RunControl, SEED_MAX, StopToken, stream
 from specdec.dashboard.tabs import compare, live, step
 from specdec.models import ModelPool, aligned, cache, entries
@@ -224,8 +225,8 @@ def test_compare_stops_between_columns_and_skips_the_baseline_past_the_time_limi
     hub, paths = tiny
     hub.target(paths["target"])  # loaded before the clock starts
     slow = SlowHub(AppConfig(max_new_tokens_cap=16, time_limit_s=1), pool=hub.pool)
-    views = list(compare.compare(slow, paths["target"], "hello", 2, 8, paths["draft"], "as is", "lookup", "as is",
-                                  "self:1", "as is"))
+    views = list(compare.compare(slow, {}, paths["target"], "hello", 2, 8, THIS_MACHINE, paths["draft"], "as is",
+                                  "lookup", "as is", "self:1", "as is"))
     *panels, table, _chart, status = views[-1]
     assert "time limit" in status and "not measured" in status and table is None
     assert panels[1:] == ["<em>not run</em>"] * 2  # the columns after the deadline never ran
@@ -243,7 +244,7 @@ def test_a_prompt_is_capped_in_tokens_before_it_is_read(tiny):
 
 def test_the_compare_error_panel_escapes_names_and_messages(tiny):
     hub, paths = tiny
-    *_, (panel, _table, _chart, _status) = compare.compare(hub, paths["target"], "hello", 2, 4,
+    *_, (panel, _table, _chart, _status) = compare.compare(hub, {}, paths["target"], "hello", 2, 4, THIS_MACHINE,
                                                             "<img src=x onerror=alert(1)>", "as is")
     assert "<img" not in panel and "&lt;img" in panel
 

@@ -1,16 +1,28 @@
 """Cost profiles that travel: saved and read back whole, bad or foreign files refused in one line, predictions
-from a profile, and the random-weights architecture that lets a machine without model files be profiled."""
+from a profile, the random-weights architecture that lets a machine without model files be profiled, and the
+bundled profiles the app's compare and theory tabs predict with."""
 import json
+import logging
 
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from specdec import DecodeStats, GenerationResult, Round
 from specdec.cli import main
 from specdec.core import hardware, theory
-from specdec.costs.profile import VERSION, load_profile, predict, save_profile, speedups_by_k
+from specdec.costs import profile as profiles
+from specdec.costs.profile import (VERSION, bundled_profiles, load_profile, predict, predict_for, save_profile,
+                                   speedups_by_k)
+from specdec.dashboard.config import AppConfig
+from specdec.dashboard.hub import ModelHub
+from specdec.dashboard.layout import build_demo
+from specdec.dashboard.profiles import THIS_MACHINE, choices
+from specdec.dashboard.tabs import compare, theory as theory_tab
+from specdec.models import ModelPool
 from specdec.models import entries, formats, random_weights
 from specdec.testing import tiny_config, tiny_folder
+from tiny_models import Progress
 
 PROFILE = {"format": "specdec cost profile", "version": VERSION, "target": "t", "dtype": "bfloat16",
            "device": "cuda", "weights": "random", "hardware": {"gpu": "Some GPU", "threads": 8}, "date": "2025-01-01",
@@ -154,3 +166,97 @@ def test_a_stored_hardware_description_is_named_in_one_line():
     assert hardware.label(here) == f"{here['cpu']}, {here['threads']} threads"
     assert hardware.label({**here, "gpu": "Some GPU"}) == "Some GPU"
     assert hardware.code_version()  # a commit here, "unknown" outside a checkout
+
+
+def test_bundled_profiles_list_the_good_files_and_refuse_a_bad_one_in_one_line_naming_it(tmp_path, caplog):
+    write(tmp_path / "gpu.json", PROFILE)
+    bad = write(tmp_path / "broken.json", "{not json")
+    write(tmp_path / "notes.txt", "not a profile, not listed")
+    with caplog.at_level(logging.WARNING):
+        listed = bundled_profiles(tmp_path)
+    assert list(listed) == ["gpu.json"] and listed["gpu.json"].label == "Some GPU (bfloat16, cuda)"
+    assert [r.getMessage() for r in caplog.records] == [f"{bad}: not a cost profile (not readable JSON: "
+                                                        "JSONDecodeError)"]
+    assert choices(listed) == [(THIS_MACHINE, THIS_MACHINE), ("Some GPU (bfloat16, cuda), profiled 2025-01-01; "
+                                                              "target t", "gpu.json")]
+
+
+def test_without_a_bundled_folder_the_app_offers_only_this_machine(tmp_path, monkeypatch):
+    monkeypatch.setattr(profiles, "HARDWARE", tmp_path / "absent")
+    assert bundled_profiles() == {}
+    config = AppConfig()
+    demo = build_demo(config, ModelHub(config, pool=ModelPool()))
+    lists = [b for b in demo.blocks.values() if getattr(b, "elem_id", None) in ("compare-hardware", "theory-hardware")]
+    assert len(lists) == 2 and all(b.choices == [(THIS_MACHINE, THIS_MACHINE)] for b in lists)
+    assert all(b.value == THIS_MACHINE for b in lists)
+
+
+def synthetic_result() -> GenerationResult:
+    """Two k=3 rounds: one rejected at position 2, one all accepted (α̂ per position 1, 0.5, 1)."""
+    common = dict(draft_time_s=0.01, target_time_s=0.1, draft_forwards=3)
+    rounds = [Round([5, 6, 7], [0.9, 0.8, 0.7], [0.95, 0.1, 0.3], [True, False, True], 1, 9, [5, 9], **common),
+              Round([5, 6, 7], [0.9, 0.8, 0.7], [0.9, 0.9, 0.9], [True, True, True], 3, 4, [5, 6, 7, 4], **common)]
+    return GenerationResult([5, 9, 5, 6, 7, 4], rounds, DecodeStats.from_rounds(rounds, 3))
+
+
+def test_the_compare_tab_shows_predict_for_the_acceptance_measured_here_and_names_the_hardware(tmp_path):
+    profile = load_profile(write(tmp_path / "p.json", PROFILE))
+    result = synthetic_result()
+    rates = result.stats.per_position_acceptance
+    expected = predict(profile, "d", rates, result.stats.k)
+    assert predict_for(profile, "t", "d", rates, result.stats.k) == expected
+    there = {"1: d": predict_for(profile, "t", "d", rates, 3), "2: other": predict_for(profile, "t", "other", rates, 3)}
+    table = compare.comparison_table({"1: d": result, "2: other": result}, result, profile, there)
+    row = table.iloc[-1]
+    assert "Some GPU (bfloat16, cuda), profiled 2025-01-01" in row["metric"]
+    assert row["1: d"].startswith(f"{expected.speedup:.2f} (k=3; k={expected.best_k} there")
+    assert row["2: other"] == "no c for this draft there"
+    assert table.iloc[-2]["metric"].startswith("measured speedup")  # the prediction there next to the measurement
+    bars = compare.comparison_chart({"1: d": result, "2: other": result}, result, profile, there).data
+    assert bars[0].y[-1] == pytest.approx(expected.speedup) and bars[1].y[-1] is None
+    assert len(compare.comparison_table({"1: d": result}, result)) == len(table) - 1  # this machine: no such row
+
+
+def test_a_profile_of_another_target_says_so_in_its_cell(tmp_path):
+    foreign = load_profile(write(tmp_path / "p.json", PROFILE))
+    assert predict_for(foreign, "tiny-target", "d", [0.8, 0.5], 2) == "not for this target (a profile of t)"
+
+
+@pytest.fixture
+def bundled(tmp_path, paths, hub):
+    """Two profiles as the app lists them: one of the tiny target with a c for its draft, one of another target."""
+    name = hub.target(paths["target"]).name
+    write(tmp_path / "mine.json", {**PROFILE, "target": name, "drafts": {paths["draft"]: 0.25}})
+    write(tmp_path / "foreign.json", PROFILE)
+    return bundled_profiles(tmp_path)
+
+
+def test_compare_predicts_each_pair_on_the_chosen_hardware(bundled, paths, hub):
+    inputs = [paths["target"], "def the", 3, 10]
+    drafts = [paths["draft"], "as is", "lookup", "as is"]
+    *_, table, chart, status = list(compare.compare(hub, bundled, *inputs, "mine.json", *drafts,
+                                                    progress=Progress()))[-1]
+    row = table.iloc[-1]
+    assert status.startswith("done") and bundled["mine.json"].title in row["metric"]
+    assert float(row["1: tiny-draft (as is)"].split()[0]) > 0
+    assert row["2: lookup (as is)"] == "no c for this draft there"
+    assert "predicted there" in chart.data[0].x and bundled["mine.json"].title in chart.layout.title.text
+    *_, table, _chart, _status = list(compare.compare(hub, bundled, *inputs, "foreign.json", *drafts))[-1]
+    assert set(table.iloc[-1].drop("metric")) == {"not for this target (a profile of t)"}
+
+
+def test_the_theory_tab_prices_its_curves_and_sweep_with_the_chosen_profile(bundled, paths, hub):
+    mine = bundled["mine.json"]
+    c, slope, status = theory_tab.hardware_costs(bundled, "mine.json", paths["draft"])
+    assert (c, slope) == (0.25, round(mine.costs(paths["draft"]).verify_slope(), 3)) and mine.title in status
+    assert "no c for draft lookup" in theory_tab.hardware_costs(bundled, "mine.json", "lookup")[2]
+    pair = [paths["target"], paths["draft"], "auto", "def the", 8]
+    figure, alpha, c, slope, table, sweep, status = list(theory_tab.k_sweep(hub, bundled, *pair, 2, "mine.json",
+                                                                             progress=Progress()))[-1]
+    assert (c, slope) == (0.25, round(mine.costs(paths["draft"]).verify_slope(), 3)) and mine.title in status
+    assert all(value > 0 for value in table[f"predicted on {mine.label}"])
+    *_, table, _sweep, status = list(theory_tab.k_sweep(hub, bundled, *pair, 2, "foreign.json"))[-1]
+    assert set(table[f"predicted on {mine.label}"]) == {"not for this target (a profile of t)"}  # same hardware
+    assert "not for this target" in status
+    with pytest.raises(Exception, match="pick this machine or one of the bundled profiles"):
+        list(theory_tab.k_sweep(hub, bundled, *pair, 2, "../elsewhere.json"))

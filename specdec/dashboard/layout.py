@@ -6,6 +6,7 @@ from functools import partial
 
 import gradio as gr
 
+from specdec.costs.profile import bundled_profiles
 from specdec.dashboard import handlers
 from specdec.dashboard.chips import CSS as CHIPS_CSS
 from specdec.dashboard.config import AppConfig
@@ -27,13 +28,14 @@ def build_demo(config: AppConfig, hub: ModelHub | None = None) -> gr.Blocks:
     """The whole app for `config`; `hub` defaults to one over specdec.models' shared pool."""
     hub = hub or ModelHub(config)
     model_box = partial(gr.Dropdown, allow_custom_value=config.allow_custom_models, filterable=True)
+    profiles = bundled_profiles()  # the hardware the compare and theory tabs can predict on
     with gr.Blocks(title="specdec — speculative decoding lab", delete_cache=DELETE_CACHE) as demo:
         gr.Markdown(INTRO)
         gr.Markdown(hub.memory, elem_id="memory")  # a callable: read again on every page load
         with gr.Tabs():
             live_tab = live.build(config, hub, model_box)
-            compare_tab = compare.build(config, hub, demo, model_box, live_tab.settings.draft)
-            swept = theory.build(config, hub, live_tab.settings)
+            compare_tab = compare.build(config, hub, demo, model_box, live_tab.settings.draft, profiles)
+            swept = theory.build(config, hub, live_tab.settings, profiles)
             measured = hardware.build(config, hub, live_tab.settings)
 
         lists = [live_tab.settings.target, live_tab.settings.draft, compare_tab.target, *compare_tab.drafts]

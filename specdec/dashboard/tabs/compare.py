@@ -1,5 +1,6 @@
 """The Aligned vs unaligned tab: the same target and prompt with up to three drafts side by side (a draft of
-another tokenizer naive, through the text bridge, or aligned), and preparing an aligned draft: vocabulary
+another tokenizer naive, through the text bridge, or aligned), each with the speedup measured here and, when a
+bundled cost profile is chosen, the speedup predicted on its hardware; and preparing an aligned draft: vocabulary
 transplant, then distillation in a background job."""
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pandas as pd
 
 from specdec.core.suites import available_suites
 from specdec.core.trace import GenerationResult, measured_speedup
+from specdec.costs.profile import CostProfile, Prediction, predict_for
 from specdec.lab import plots as figures
 from specdec.lab.report import STAT_LINES
 from specdec.models import aligned
@@ -24,6 +26,7 @@ from specdec.dashboard.config import AppConfig, K_CHOICES, PROMPTS
 from specdec.dashboard.events import DECODE, on_gpu, private
 from specdec.dashboard.handlers import NO_DRAFT, check_prompt, run_baseline, run_speculative, user_errors
 from specdec.dashboard.hub import VOCABULARIES, ModelHub, stages
+from specdec.dashboard.profiles import chosen_profile, hardware_dropdown
 from specdec.dashboard.runs import DecodeRequest, StopToken
 
 CSS = ".compare-error { color: #8a1c12; }\n"
@@ -44,9 +47,10 @@ class CompareTab(NamedTuple):
     finished: list  # events after which the model lists are read again
 
 
-def build(config: AppConfig, hub: ModelHub, demo: gr.Blocks, model_box, live_draft: gr.Dropdown) -> CompareTab:
+def build(config: AppConfig, hub: ModelHub, demo: gr.Blocks, model_box, live_draft: gr.Dropdown,
+          profiles: dict[str, CostProfile]) -> CompareTab:
     """The tab's components and events; `live_draft` is the live tab's draft list, which a newly distilled
-    draft joins too."""
+    draft joins too; `profiles` the bundled cost profiles the "predict on hardware" list offers."""
     custom = config.allow_custom_models
     known = gr.State(list)  # per session: the aligned drafts its dropdowns list
     with gr.Tab("Aligned vs unaligned", id="compare"):
@@ -57,6 +61,7 @@ def build(config: AppConfig, hub: ModelHub, demo: gr.Blocks, model_box, live_dra
             k = gr.Dropdown(K_CHOICES, value="auto", label="k")
             max_new = gr.Slider(1, config.max_new_tokens_cap, value=min(32, config.max_new_tokens_cap), step=1,
                                 label="max new tokens")
+            hardware = hardware_dropdown(profiles, "compare-hardware")
         columns, panels = [], []  # columns: draft, vocabulary, draft, vocabulary, ...
         with gr.Row():
             for column, (name, mode) in enumerate(hub.compare_defaults()):
@@ -93,7 +98,8 @@ def build(config: AppConfig, hub: ModelHub, demo: gr.Blocks, model_box, live_dra
             jobs_timer = gr.Timer(2.0, active=config.allow_training)
 
     drafts = columns[::2]
-    compared = private(run.click, on_gpu(partial(compare, hub), config), [target, prompt, k, max_new, *columns],
+    compared = private(run.click, on_gpu(partial(compare, hub, profiles), config),
+                       [target, prompt, k, max_new, hardware, *columns],
                        [*panels, table, chart, status], concurrency_id=DECODE)
     defaults = partial(compare_columns, hub)
     private(demo.load, defaults, target, columns, queue=False)
@@ -111,10 +117,11 @@ def build(config: AppConfig, hub: ModelHub, demo: gr.Blocks, model_box, live_dra
 
 
 @user_errors
-def compare(hub: ModelHub, target, prompt, k, max_new_tokens, *drafts_and_bridges,
-            progress=gr.Progress(track_tqdm=True)):
+def compare(hub: ModelHub, profiles: dict[str, CostProfile], target, prompt, k, max_new_tokens, hardware,
+            *drafts_and_bridges, progress=gr.Progress(track_tqdm=True)):
     """Decode the same prompt with each chosen draft, then the target alone; yield columns as they finish.
 
+    hardware: "this machine" or the file name of one of `profiles`, whose costs price each draft's α̂ per position.
     drafts_and_bridges: draft name, bridge mode, draft name, bridge mode, ... (blank names are skipped).
     Yields ([chips HTML per column], stats table, bar chart, status).
     """
@@ -123,12 +130,14 @@ def compare(hub: ModelHub, target, prompt, k, max_new_tokens, *drafts_and_bridge
     chosen = [(i, name, bridge) for i, (name, bridge) in enumerate(pairs) if name]
     if not chosen:
         raise ValueError("pick at least one draft to compare")
+    profile = chosen_profile(profiles, hardware)
     request = DecodeRequest.from_inputs(target, chosen[0][1], prompt, k, max_new_tokens).checked(hub.config)
     token = StopToken(hub.config.request_budget())
     target_model = hub.target(request.target, progress=progress, budget=token.budget)
     check_prompt(target_model, request, token.budget)
     panels = ["<em>not run</em>"] * columns
     results: dict[str, GenerationResult] = {}
+    there: dict[str, Prediction | str] = {}  # per column run: the speedup predicted on the profile's hardware
     for i, name, bridge in chosen:
         if not token.running():  # the time limit passed: the columns left are not run, nor the baseline
             yield (*panels, None, None, f"{token.reason}: {len(results)} of {len(chosen)} draft(s) ran, the "
@@ -142,7 +151,11 @@ def compare(hub: ModelHub, target, prompt, k, max_new_tokens, *drafts_and_bridge
         except ValueError as error:  # one draft that cannot run says why; the others still run
             panels[i] = f'<div class="compare-error">⚠ {html.escape(f"{name} ({bridge}): {error}")}</div>'
             continue
-        results[f"{i + 1}: {Path(name).name} ({bridge})"] = result  # a folder's last part keeps columns narrow
+        column = f"{i + 1}: {Path(name).name} ({bridge})"  # a folder's last part keeps columns narrow
+        results[column] = result
+        if profile is not None:
+            there[column] = predict_for(profile, target_model.name, name, result.stats.per_position_acceptance,
+                                        result.stats.k)
         panels[i] = chips_html(result.rounds, target_model.tokenizer, request.prompt)
     if not results:
         yield (*panels, None, None, "no draft could run: see the messages above")
@@ -154,25 +167,49 @@ def compare(hub: ModelHub, target, prompt, k, max_new_tokens, *drafts_and_bridge
     longest = max(len(r.token_ids) for r in results.values())
     baseline = run_baseline(target_model, request, longest, token)
     note = f"{token.reason} while measuring the target alone" if token.stopped else "done"
-    yield (*panels, comparison_table(results, baseline), comparison_chart(results, baseline),
+    yield (*panels, comparison_table(results, baseline, profile, there),
+           comparison_chart(results, baseline, profile, there),
            f"{note}: {len(results)} draft(s) and the target alone ({baseline.stats.tokens_per_s:.2f} tokens/s)")
 
 
-def comparison_table(results: dict[str, GenerationResult], baseline: GenerationResult) -> pd.DataFrame:
-    """One row per STAT_LINES metric plus the measured speedup, one column per draft."""
+def comparison_table(results: dict[str, GenerationResult], baseline: GenerationResult,
+                     profile: CostProfile | None = None, there: dict[str, Prediction | str] | None = None
+                     ) -> pd.DataFrame:
+    """One row per STAT_LINES metric plus the measured speedup, one column per draft; with a profile, then the
+    speedup predicted on its hardware (`there`: per column, `predict_for`'s prediction or why there is none)."""
     rows = [{"metric": label, **{name: fmt.format(getattr(r.stats, field)) for name, r in results.items()}}
             for field, label, fmt in STAT_LINES]
     rows.append({"metric": "measured speedup (tokens/s ÷ target alone)",
                  **{name: f"{measured_speedup(r.stats, baseline.stats):.2f}" for name, r in results.items()}})
+    if profile is not None:
+        rows.append({"metric": f"speedup predicted on {profile.title} from the α̂ per position measured here, "
+                               "at this run's k (the k to use there)",
+                     **{name: predicted_cell(there[name]) for name in results}})
     return pd.DataFrame(rows)
 
 
-def comparison_chart(results: dict[str, GenerationResult], baseline: GenerationResult):
-    metrics = ["α̂", "mean accepted length", "measured speedup"]
+def predicted_cell(prediction: Prediction | str) -> str:
+    """A prediction there in a few characters, or the few words saying why there is none."""
+    if isinstance(prediction, str):
+        return prediction
+    return f"{prediction.speedup:.2f} (k={prediction.k}; k={prediction.best_k} there: {prediction.best_speedup:.2f})"
+
+
+def comparison_chart(results: dict[str, GenerationResult], baseline: GenerationResult,
+                     profile: CostProfile | None = None, there: dict[str, Prediction | str] | None = None):
+    """Bars per draft: α̂, mean accepted length, measured speedup and, with a profile, the speedup predicted on its
+    hardware (no bar where it has none)."""
+    metrics = ["α̂", "mean accepted length", "measured speedup"] + (["predicted there"] if profile else [])
     series = [figures.Series(name, metrics, [r.stats.acceptance_rate, r.stats.mean_accepted_length,
-                                             measured_speedup(r.stats, baseline.stats)], kind="bar")
+                                             measured_speedup(r.stats, baseline.stats),
+                                             *([_speedup(there[name])] if profile else [])], kind="bar")
               for name, r in results.items()]
-    return figures.figure("aligned vs unaligned drafts", "", "value", series)
+    title = "aligned vs unaligned drafts" + (f"; predicted there: on {profile.title}" if profile else "")
+    return figures.figure(title, "", "value", series)
+
+
+def _speedup(prediction: Prediction | str) -> float | None:
+    return None if isinstance(prediction, str) else prediction.speedup
 
 
 def compare_columns(hub: ModelHub, target: str) -> list:

@@ -1,5 +1,6 @@
 """The Theory vs measurement tab: Leviathan's formulas for any α, c and verification cost v(k+1), the cost
-waterfall at one k, and a measured k sweep with the live tab's pair and prompt."""
+waterfall at one k, and a measured k sweep with the live tab's pair and prompt. "Predict on hardware" prices
+them with a bundled cost profile's v(n) and c instead: the acceptance measured here, the costs measured there."""
 from __future__ import annotations
 
 from functools import partial
@@ -9,6 +10,7 @@ import pandas as pd
 
 from specdec.core.limits import K_UI_MAX
 from specdec.core.trace import measured_speedup
+from specdec.costs.profile import CostProfile, predict_for
 from specdec.costs.waterfall import theory_steps
 from specdec.lab import plots as figures
 
@@ -16,6 +18,7 @@ from specdec.dashboard.config import AppConfig
 from specdec.dashboard.events import DECODE, on_gpu, private
 from specdec.dashboard.handlers import check_prompt, run_baseline, run_speculative, user_errors, waterfall_figure
 from specdec.dashboard.hub import ModelHub
+from specdec.dashboard.profiles import chosen_profile, hardware_dropdown
 from specdec.dashboard.runs import DecodeRequest, StopToken, partial_result
 
 SWEEP_KS = (1, 2, 3, 4, 6, 8, 10)  # k values of the sweep
@@ -40,9 +43,10 @@ THEORY_MD = r"""
 """
 
 
-def build(config: AppConfig, hub: ModelHub, live) -> list:
+def build(config: AppConfig, hub: ModelHub, live, profiles: dict[str, CostProfile]) -> list:
     """The tab's components and events; the sweep decodes with the live tab's settings `live` (a
-    `live.Settings`). Returns the events after which the model lists are read again."""
+    `live.Settings`); `profiles` are the bundled cost profiles "predict on hardware" offers. Returns the events
+    after which the model lists are read again."""
     sweep_points = gr.State(dict)  # per session: the last sweep (points, measured v(n))
     with gr.Tab("Theory vs measurement", id="theory"):
         with gr.Row():
@@ -54,6 +58,8 @@ def build(config: AppConfig, hub: ModelHub, live) -> list:
                                   info="0 = Leviathan's assumption; a sweep sets the measured slope")
                 k_max = gr.Slider(2, K_UI_MAX, value=K_UI_MAX, step=1, label="largest k shown (and swept)",
                                   elem_id="k-max")
+                hardware = hardware_dropdown(profiles, "theory-hardware")
+                hardware_status = gr.Markdown(elem_id="theory-hardware-status")
                 sweep_run = gr.Button(f"Measure a k sweep (k in {', '.join(map(str, SWEEP_KS))}, up to the "
                                       "largest k) with the live tab's pair and prompt", elem_id="sweep-run")
                 gr.Markdown(THEORY_MD, latex_delimiters=[{"left": "$", "right": "$", "display": False}])
@@ -69,8 +75,10 @@ def build(config: AppConfig, hub: ModelHub, live) -> list:
         private(slider.change, theory_figure, [alpha, cost, slope, k_max, sweep_points], plot, concurrency_limit=None)
     for slider in (alpha, cost, slope, waterfall_k):
         private(slider.change, theory_waterfall, [alpha, cost, slope, waterfall_k], waterfall, concurrency_limit=None)
-    swept = private(sweep_run.click, on_gpu(partial(k_sweep, hub), config),
-                    [live.target, live.draft, live.bridge, live.prompt, live.max_new, k_max],
+    private(hardware.change, partial(hardware_costs, profiles), [hardware, live.draft],
+            [cost, slope, hardware_status], queue=False)
+    swept = private(sweep_run.click, on_gpu(partial(k_sweep, hub, profiles), config),
+                    [live.target, live.draft, live.bridge, live.prompt, live.max_new, k_max, hardware],
                     [plot, alpha, cost, slope, table, sweep_points, status], concurrency_id=DECODE)
     return [swept]
 
@@ -83,19 +91,39 @@ def theory_figure(alpha, c, slope, k_max, sweep: dict | None):
 
 
 @user_errors
-def k_sweep(hub: ModelHub, target, draft, bridge, prompt, max_new_tokens, k_max,
-            progress=gr.Progress(track_tqdm=True)):
+def hardware_costs(profiles: dict[str, CostProfile], hardware, draft) -> tuple:
+    """(c, v slope, status) of the chosen hardware for the live tab's draft: the profile's, or the sliders left as
+    they are (this machine, or a profile without a c for that draft)."""
+    profile = chosen_profile(profiles, hardware)
+    if profile is None:
+        return gr.skip(), gr.skip(), "costs of this machine: the sliders, or what a k sweep measures here"
+    if draft not in profile.drafts:
+        return gr.skip(), gr.skip(), f"{profile.title}: no c for draft {draft} there, the sliders are left as they are"
+    costs = profile.costs(draft)
+    return (round(costs.draft_cost, 3), round(costs.verify_slope(), 3),
+            f"c and v(n) of {profile.title} (target {profile.target}, draft {draft}); a k sweep prices the α̂ "
+            "measured here with them")
+
+
+@user_errors
+def k_sweep(hub: ModelHub, profiles: dict[str, CostProfile], target, draft, bridge, prompt, max_new_tokens, k_max,
+            hardware, progress=gr.Progress(track_tqdm=True)):
     """Measure speedup at several k on one pair and prompt; yield (figure, α, c, v slope, table, sweep, status).
 
     α and c are pooled over all rounds of the sweep; v(n) is the pair's calibration (`specdec.costs.calibration`).
+    With a profile chosen (`hardware`), c and the v slope are the profile's, and each k's row adds the speedup
+    predicted there from that k's α̂ per position (or why the profile cannot say).
     """
     ks = [k for k in SWEEP_KS if k <= int(k_max)]
+    profile = chosen_profile(profiles, hardware)
     request = DecodeRequest.from_inputs(target, draft, prompt, ks[-1], max_new_tokens).checked(hub.config)
     token = StopToken(hub.config.request_budget())
     target_model, draft_model = hub.pair(request.target, request.draft, bridge, progress=progress, budget=token.budget)
     check_prompt(target_model, request, token.budget)
     costs = hub.costs(target_model, draft_model, progress=progress, budget=token.budget)
-    slope = round(costs.verify_slope(), 3)
+    unpriced = profile.unpriced(target_model.name, request.draft) if profile is not None else None
+    priced = profile.costs(request.draft) if profile is not None and not unpriced else costs  # the curves' costs
+    slope = round(priced.verify_slope(), 3)
     baseline = run_baseline(target_model, request, request.max_new_tokens, token)
     sweep, rows, rounds = {"points": [], "verify": costs.target.verify}, [], []
     for k in ks:
@@ -108,10 +136,16 @@ def k_sweep(hub: ModelHub, target, draft, bridge, prompt, max_new_tokens, k_max,
                      "measured speedup": round(sweep["points"][-1][1], 2),
                      "predicted": round(result.stats.predicted_speedup, 2),
                      "Leviathan bound": round(result.stats.leviathan_bound, 2)})
+        if profile is not None:
+            there = predict_for(profile, target_model.name, request.draft, result.stats.per_position_acceptance, k)
+            rows[-1][f"predicted on {profile.label}"] = there if isinstance(there, str) else round(there.speedup, 2)
         pooled = partial_result(rounds, max(ks), costs).stats
-        alpha, c = round(pooled.acceptance_rate, 3), round(costs.draft_cost, 3)
+        alpha, c = round(pooled.acceptance_rate, 3), round(priced.draft_cost, 3)
         status = "done" if k == ks[-1] else f"measured k = {k} ({len(sweep['points'])}/{len(ks)})…"
         status = token.reason if token.stopped else status
+        if profile is not None:
+            status += (f"; {profile.title}: {unpriced}, the curves price this machine's costs" if unpriced else
+                       f"; the curves price c and v(n) of {profile.title}, the points are measured here")
         yield theory_figure(alpha, c, slope, k_max, sweep), alpha, c, slope, pd.DataFrame(rows), sweep, status
         if token.stopped:
             return
