@@ -65,6 +65,7 @@ def test_profile_save_writes_what_load_reads_back(folders, tmp_path, monkeypatch
     ({**PROFILE, "verify": [0.5, 1.0]}, "damaged cost profile (verify"),
     ({**PROFILE, "drafts": {"d": -1}}, "damaged cost profile (drafts"),
     ({k: v for k, v in PROFILE.items() if k != "step_s"}, "missing step_s"),
+    ({**PROFILE, "date": 20250101}, "damaged cost profile (target, dtype, device and date must be text"),
     (None, "no such cost profile"),
 ])
 def test_a_bad_profile_is_refused_in_one_line_naming_it_before_any_model_loads(tmp_path, capsys, content, message):

@@ -146,8 +146,8 @@ def _problem(profile: CostProfile) -> str | None:
         return "step_s must be a positive number"
     if not isinstance(profile.drafts, dict) or not all(_positive(c) or c == 0 for c in profile.drafts.values()):
         return "drafts must map draft names to costs c >= 0"
-    if not all(isinstance(getattr(profile, name), str) for name in ("target", "dtype", "device")):
-        return "target, dtype and device must be text"
+    if not all(isinstance(getattr(profile, name), str) for name in ("target", "dtype", "device", "date")):
+        return "target, dtype, device and date must be text"
     if not isinstance(profile.hardware, dict):
         return "hardware must be an object"
     return None
