@@ -28,7 +28,7 @@ from specdec.core.costmodel import CostModel, TargetCosts
 
 FORMAT = "specdec cost profile"  # the "format" field every profile carries
 VERSION = 1  # bump when the fields change meaning
-HARDWARE = Path(__file__).resolve().parents[2] / "assets" / "hardware"  # the profiles the app offers (`*.json`)
+HARDWARE = files.ASSETS / "hardware"  # the profiles the app offers (`*.json`)
 
 log = logging.getLogger(__name__)
 
