@@ -35,13 +35,21 @@ def measured(monkeypatch):
 def test_a_target_takes_the_fastest_row_invariant_format_and_a_draft_the_fastest(measured):
     config = tiny_config("qwen2")
     target = formats.choose_format(config, "target")
+    assert measured == [["int8", "int4"]]  # a target's candidates only: the row-invariant formats
     assert target.chosen == "int8" and "one-token steps" in target.reason  # bfloat16 is faster, but not exact
-    assert "int8-dynamic" not in [t.format for t in target.timings]  # never a target's
     draft = formats.choose_format(config, "draft")
-    assert len(measured) == 1  # one calibration serves both roles
+    assert measured[1] == list(formats.FORMATS) and len(measured) == 2
     assert draft.chosen == "int8-dynamic" and "never changes the output" in draft.reason
     assert "int8      " not in draft.describe().split("\n")[1]  # fastest first, marked
     assert draft.describe().split("\n")[1].startswith(" * int8-dynamic")
+
+
+def test_a_target_reads_a_draft_calibration_of_the_same_architecture(measured):
+    config = tiny_config("llama")
+    formats.choose_format(config, "draft")
+    target = formats.choose_format(config, "target")
+    assert len(measured) == 1 and not target.measured_now and target.chosen == "int8"
+    assert [t.format for t in target.timings] == ["int8"]  # of the draft's timings, a target's candidates only
 
 
 def test_on_a_gpu_the_cpu_only_formats_are_not_candidates(measured):

@@ -13,7 +13,7 @@ while a calibration takes seconds. The rule:
 - a target takes the format whose verification rows are its one-token steps (ROW_INVARIANT) with the least time
   for a one-token step plus a VERIFY_ROWS-token forward (`FormatTiming.score_s`: the target alone's price and a
   round's, so a fast step with a costly verification does not win), and the fastest of all only where no
-  row-invariant format is available;
+  row-invariant format is available; only its candidates are timed (`candidates`);
 - a draft takes the format of all with the least such time (its proposals, and its catch-up and prefill forwards
   over several tokens): verification decides the output, so a draft's precision never changes it, only how often
   its tokens pass.
@@ -100,22 +100,26 @@ class FormatChoice:
 DRAFT_ONLY = ("int8-dynamic",)  # formats whose rows are not independent: never a target's
 
 
-def candidates(device: str = "cpu") -> tuple[str, ...]:
-    """The formats "auto" times on `device` (all at once; each role then takes its own pick)."""
-    return tuple(f for f in FORMATS if device == "cpu" or f not in CPU_ONLY)
+def candidates(device: str = "cpu", role: str = "draft") -> tuple[str, ...]:
+    """The formats "auto" may choose for `role` on `device`: for a draft every format with kernels there; for a
+    target only the row-invariant ones where the device has any, else all but DRAFT_ONLY."""
+    available = tuple(f for f in FORMATS if device == "cpu" or f not in CPU_ONLY)
+    if role == "draft":
+        return available
+    return tuple(f for f in available if f in ROW_INVARIANT) or tuple(f for f in available if f not in DRAFT_ONLY)
 
 
 def choose_format(config, role: str, *, device: str = "cpu", recalibrate: bool = False,
                   cache_dir: str | Path | None = None, repeats: int = REPEATS) -> FormatChoice:
     """The fastest format for `role` of a model with this transformers `config`, on this machine (see module doc)."""
     _check_role(role)
-    formats = candidates(device)
-    key, path = _stored(config, device, cache_dir)
-    stored = None if recalibrate else _read(path)
-    timings = stored if stored is not None else time_formats(config, formats, device=device, repeats=repeats)
-    if stored is None:
+    key, timings = (None, None) if recalibrate else _cached(config, role, device, cache_dir)
+    measured_now = timings is None
+    if measured_now:
+        key, path = _stored(config, device, role, cache_dir)
+        timings = time_formats(config, candidates(device, role), device=device, repeats=repeats)
         files.write_text(path, json.dumps([asdict(t) for t in timings]))
-    return _choose(role, timings, key, measured_now=stored is None)
+    return _choose(role, timings, key, device, measured_now)
 
 
 def cached_choice(config, role: str, *, device: str = "cpu",
@@ -123,9 +127,8 @@ def cached_choice(config, role: str, *, device: str = "cpu",
     """The choice `choose_format` returns from its cache, or None where this machine has not measured the
     architecture yet: it never measures."""
     _check_role(role)
-    key, path = _stored(config, device, cache_dir)
-    timings = _read(path)
-    return None if timings is None else _choose(role, timings, key, measured_now=False)
+    key, timings = _cached(config, role, device, cache_dir)
+    return None if timings is None else _choose(role, timings, key, device, measured_now=False)
 
 
 def _check_role(role: str) -> None:
@@ -133,24 +136,34 @@ def _check_role(role: str) -> None:
         raise ValueError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
 
 
-def _stored(config, device: str, cache_dir: str | Path | None) -> tuple[str, Path]:
-    """(key, cache file) of `config`'s timings on `device`."""
-    key = _key(config, candidates(device), device)
+def _stored(config, device: str, role: str, cache_dir: str | Path | None) -> tuple[str, Path]:
+    """(key, cache file) of the timings of `role`'s candidates for `config` on `device`."""
+    key = _key(config, candidates(device, role), device)
     folder = Path(cache_dir) if cache_dir is not None else cache.root() / "costs"
     return key, folder / f"formats-{key}.json"
 
 
-def _choose(role: str, timings: list[FormatTiming], key: str, measured_now: bool) -> FormatChoice:
-    if role == "target":
-        timings = [t for t in timings if t.format not in DRAFT_ONLY]
+def _cached(config, role: str, device: str, cache_dir) -> tuple[str | None, list[FormatTiming] | None]:
+    """(key, timings) cached for `role`, or (None, None): a target also reads a draft's calibration of the same
+    architecture (its candidates include the target's), so one calibration serves a model in both roles."""
+    for measured_for in dict.fromkeys((role, "draft")):
+        key, path = _stored(config, device, measured_for, cache_dir)
+        timings = _read(path)
+        if timings is not None:
+            return key, timings
+    return None, None
+
+
+def _choose(role: str, timings: list[FormatTiming], key: str, device: str, measured_now: bool) -> FormatChoice:
+    timings = [t for t in timings if t.format in candidates(device, role)]
+    best = min(timings, key=lambda t: t.score_s)
     if role == "draft":
-        fastest = min(timings, key=lambda t: t.score_s)
-        return FormatChoice(role, fastest.format, "the fastest here, step plus a 5-token forward; a draft's precision "
-                            "never changes the output", timings, key, measured_now)
-    exact = [t for t in timings if t.format in ROW_INVARIANT]
-    best = min(exact or timings, key=lambda t: t.score_s)
-    reason = ("the fastest here, step plus verification, whose verification rows are its one-token steps" if exact
-              else "the fastest here, step plus verification (no row-invariant format on this device)")
+        reason = "the fastest here, step plus a 5-token forward; a draft's precision never changes the output"
+    elif best.format in ROW_INVARIANT:
+        reason = ("the fastest here, step plus verification, of the formats whose verification rows are its "
+                  "one-token steps (the others are not timed for a target)")
+    else:
+        reason = "the fastest here, step plus verification (no row-invariant format on this device)"
     return FormatChoice(role, best.format, reason, timings, key, measured_now)
 
 
