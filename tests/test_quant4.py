@@ -9,6 +9,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 
 from specdec import autoregressive_generate, speculative_generate
 from specdec.models import cache, gguf_read, load_draft, load_model, quant, quant4, quant_store
+from specdec.models.gguf_dequant import dequantize_groups
 from specdec.models.quant import ROWWISE_ATTENTION, Int8Embedding, Int8Linear
 from specdec.models.quant4 import GROUP_SIZE, Int4Embedding, Int4Linear, quantize_int4
 from specdec.testing import perturbed_copy, tiny_folder, tiny_model
@@ -77,7 +78,7 @@ def test_int4_linear_row_i_of_m_rows_is_row_i_alone(shape):
         x = torch.randn(1, rows, shape[1]) * torch.logspace(-2, 2, rows)[None, :, None]  # rows of other scales
         assert rows_alone_equal(layer, x)
     x = torch.randn(5, shape[1])
-    reference = torch.nn.functional.linear(x, quant4.dequantize(*groups), layer.bias)
+    reference = torch.nn.functional.linear(x, dequantize_groups(*groups), layer.bias)
     assert torch.allclose(layer(x), reference, rtol=0.02, atol=0.02 * reference.abs().max().item())
 
 
@@ -87,9 +88,9 @@ def test_float_groups_are_within_half_a_step_and_constant_groups_exact():
     weight[3, :GROUP_SIZE] = 0.25  # a constant group
     groups = quant4.groups_from_float(weight)
     assert groups.codes.dtype == torch.uint8 and int(groups.codes.max()) <= quant4.CODE_MAX
-    error = (quant4.dequantize(*groups) - weight).abs().unflatten(-1, (-1, GROUP_SIZE)).amax(-1)  # [16, 4]
+    error = (dequantize_groups(*groups) - weight).abs().unflatten(-1, (-1, GROUP_SIZE)).amax(-1)  # [16, 4]
     assert (error <= groups.scale / 2 * (1 + 1e-5) + 1e-7).all()
-    assert torch.equal(quant4.dequantize(*groups)[3, :GROUP_SIZE], weight[3, :GROUP_SIZE])
+    assert torch.equal(dequantize_groups(*groups)[3, :GROUP_SIZE], weight[3, :GROUP_SIZE])
 
 
 def test_q4_k_codes_scales_and_offsets_are_the_gguf_ones():
@@ -98,7 +99,7 @@ def test_q4_k_codes_scales_and_offsets_are_the_gguf_ones():
     expected = torch.from_numpy(gguf.quants.dequantize(data, Q.Q4_K))  # [48, 512]
     groups = quant4.groups_from_q4_k(data)
     assert groups.codes.shape == (48, 512) and groups.scale.shape == (48, 512 // GROUP_SIZE)
-    assert torch.equal(quant4.dequantize(*groups), expected)
+    assert torch.equal(dequantize_groups(*groups), expected)
     embedding = Int4Embedding(groups)
     ids = torch.tensor([[3, 47, 3, 0]])
     assert torch.equal(embedding(ids), expected[ids])
@@ -132,7 +133,7 @@ def test_linears_become_int4_the_head_int8_and_the_embedding_4_bit_or_the_tied_h
         assert not [name for name in model.state_dict() if name.startswith("model.embed_tokens")]
     else:
         assert isinstance(lookup, Int4Embedding)
-        assert torch.equal(lookup(ids), quant4.dequantize(*quant4.groups_from_float(embedding))[ids])
+        assert torch.equal(lookup(ids), dequantize_groups(*quant4.groups_from_float(embedding))[ids])
     assert model.config._attn_implementation == ROWWISE_ATTENTION
     with pytest.raises(ValueError, match="float32 CPU"):
         quantize_int4(tiny_model("qwen2").to(torch.bfloat16))

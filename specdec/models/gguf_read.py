@@ -4,10 +4,10 @@ memory.
 
 `from_gguf(path, fill, form)` builds the architecture from the GGUF's config (parameters on meta, buffers such as
 the rotary tables computed) with its tokenizer, and `fill(model, GGUFWeights)` replaces the meta tensors. A
-`GGUFWeights` gives each tensor under its transformers name, dequantized by the gguf package as transformers does
-and with its rows in transformers' order, so a tensor comes out bitwise as in the float32 conversion. Read this way:
-llama- and qwen2-style GGUFs (`reads`), those whose tensors transformers only reorders (llama.cpp interleaves the
-rotary halves of llama q/k rows); others need transformers' own conversion.
+`GGUFWeights` gives each tensor under its transformers name, dequantized bitwise as the gguf package does for
+transformers (`gguf_dequant`, in torch) and with its rows in transformers' order, so a tensor comes out bitwise as
+in the float32 conversion. Read this way: llama- and qwen2-style GGUFs (`reads`), those whose tensors transformers
+only reorders (llama.cpp interleaves the rotary halves of llama q/k rows); others need transformers' own conversion.
 
 A GGUF's metadata holds its tokenizer (150k tokens and as many merges for the catalogue's models), which the gguf
 package parses field by field: about 10 s per parse on a 2-core CPU, and building one model from a GGUF used to
@@ -33,6 +33,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Genera
 from transformers import modeling_gguf_pytorch_utils
 from transformers.modeling_gguf_pytorch_utils import (
     TENSOR_PROCESSORS, LlamaTensorProcessor, TensorProcessor, get_gguf_hf_weights_map, read_field)
+
+from specdec.models import gguf_dequant
 
 ROW_PROCESSORS = (TensorProcessor, LlamaTensorProcessor)  # transformers' GGUF tensor fixes that only reorder rows
 UNREADABLE = (OSError, ValueError, KeyError, IndexError)  # what GGUFReader raises on a file that is not a GGUF
@@ -168,9 +170,12 @@ class GGUFWeights:
 
     def float(self, name: str) -> torch.Tensor:
         """Tensor `name` dequantized: [rows, cols] or [n] float32."""
-        tensor = self.tensors[name]
-        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-        return torch.from_numpy(np.ascontiguousarray(values[self.rows(name)]))
+        return gguf_dequant.dequantize(self.raw(name), self.tensors[name].tensor_type)
+
+    def raw(self, name: str) -> np.ndarray:
+        """Tensor `name` as stored (its blocks' bytes [rows, bytes] for a quantized type), rows in transformers'
+        order: a copy in memory."""
+        return self.tensors[name].data[self.rows(name)]
 
     def rows(self, name: str) -> np.ndarray:
         """[rows] the order transformers puts tensor `name`'s rows in (the processor applied to row numbers)."""

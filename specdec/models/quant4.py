@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from specdec.models import gguf_read, quant
+from specdec.models.gguf_dequant import dequantize_groups, q4_k_groups
 from specdec.models.gguf_read import GGUFWeights, module_name
 from specdec.models.quant import Int8Linear
 
@@ -45,8 +46,6 @@ OUT_MULTIPLE = 16  # the kernel packs outputs in blocks of 16 (other layers stay
 INNER_K_TILES = 1  # argument of the packing op; the CPU layout does not depend on it
 INT4_BELOW_BITS = 6  # GGUF types of fewer bits per weight become 4-bit; q6_K (6.6), q8_0 (8.5), floats int8
 FORMAT = 2  # layout of an int4 store (specdec.models.quant_store); bump on any change
-Q4_K_BYTES = 144  # a q4_K block: d, dmin (fp16), 12 bytes of 6-bit scales and mins, 128 bytes of codes
-Q4_K_SCALES = slice(4, 16)
 
 
 class Int4Groups(NamedTuple):
@@ -55,13 +54,6 @@ class Int4Groups(NamedTuple):
     codes: torch.Tensor  # [rows, cols] uint8 in 0..15
     scale: torch.Tensor  # [rows, cols / GROUP_SIZE] float32
     offset: torch.Tensor  # [rows, cols / GROUP_SIZE] float32
-
-
-def dequantize(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
-    """codes [..., K] uint8, scale and offset [..., K / GROUP_SIZE] -> [..., K] float32, in gguf's order of
-    operations (code * scale - offset), so a q4_K tensor comes out bitwise as `gguf.quants.dequantize` gives it."""
-    grouped = codes.unflatten(-1, (-1, GROUP_SIZE)).float()  # [..., K / G, G]
-    return (grouped * scale[..., None] - offset[..., None]).flatten(-2)
 
 
 def groups_from_float(weight: torch.Tensor) -> Int4Groups:
@@ -77,15 +69,9 @@ def groups_from_float(weight: torch.Tensor) -> Int4Groups:
 def groups_from_q4_k(blocks: np.ndarray) -> Int4Groups:
     """A q4_K tensor's bytes [rows, cols / 256 * 144] -> its own codes, with scale d * sc and offset dmin * m
     per sub-block of 32 (float32, exact: fp16 times a 6-bit integer)."""
-    rows = blocks.shape[0]
-    blocks = np.asarray(blocks).reshape(-1, Q4_K_BYTES)  # [B, 144]
-    d = blocks[:, 0:2].view(np.float16).astype(np.float32)  # [B, 1]
-    dmin = blocks[:, 2:4].view(np.float16).astype(np.float32)
-    sc, m = gguf.quants.Q4_K.get_scale_min(blocks[:, Q4_K_SCALES])  # [B, 8] each
-    nibbles = blocks[:, Q4_K_SCALES.stop:].reshape(-1, 4, 1, 32) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
-    codes = (nibbles & 0x0F).reshape(rows, -1)  # sub-block 2j: low nibbles of 32 bytes, 2j + 1: high nibbles
-    scale, offset = (d * sc.astype(np.float32)).reshape(rows, -1), (dmin * m.astype(np.float32)).reshape(rows, -1)
-    return Int4Groups(*(torch.from_numpy(np.ascontiguousarray(t)) for t in (codes, scale, offset)))
+    size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q4_K][1]
+    parts = q4_k_groups(torch.from_numpy(np.array(blocks).reshape(-1, size)))  # [B, 256], [B, 8], [B, 8]
+    return Int4Groups(*(part.reshape(len(blocks), -1) for part in parts))
 
 
 def fits_int4(out_features: int, in_features: int) -> bool:
@@ -170,7 +156,7 @@ class Int4Embedding(torch.nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         pairs = self.codes[ids]  # [..., dim / 2]
         codes = torch.stack([pairs & 0x0F, pairs >> 4], dim=-1).flatten(-2)  # [..., dim]
-        return dequantize(codes, self.scale[ids], self.offset[ids])  # [..., dim] float32
+        return dequantize_groups(codes, self.scale[ids], self.offset[ids])  # [..., dim] float32
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, group_size={GROUP_SIZE}"
@@ -265,8 +251,6 @@ def _fill(model: torch.nn.Module, weights: GGUFWeights) -> None:
 def _groups(weights: GGUFWeights, name: str) -> Int4Groups:
     """Tensor `name` as Int4Groups: a q4_K tensor's own codes (rows in transformers' order), any other
     requantized."""
-    tensor = weights.tensors[name]
-    if tensor.tensor_type != gguf.GGMLQuantizationType.Q4_K:
+    if weights.tensors[name].tensor_type != gguf.GGMLQuantizationType.Q4_K:
         return groups_from_float(weights.float(name))
-    rows = torch.from_numpy(weights.rows(name))
-    return Int4Groups(*(part[rows] for part in groups_from_q4_k(tensor.data)))
+    return groups_from_q4_k(weights.raw(name))
