@@ -1,11 +1,11 @@
 """GGUF tensors dequantized in torch, bit for bit as `gguf.quants.dequantize` gives them, on every thread.
 
-The gguf package dequantizes in numpy on one thread (about 18 s for a 1.5B q4_K_M model on 2 cores). Here the
-types of the catalogue's GGUFs (q4_K, q6_K, q8_0, f16, bf16, f32: `BLOCKS`) are a few whole-chunk torch ops, in
-gguf's float32 order of operations: a sub-block's scale is one rounded product (d * sc), each value code * scale
-(- offset), each its own rounding, never a fused multiply-add. Tensors go chunk by chunk of CHUNK_WEIGHTS into one
-float32 result, so the temporaries (uint8 codes, a few bytes a weight) stay small. Other types go through gguf's
-numpy, as before.
+The gguf package dequantizes in numpy on one thread: most of the time a model takes to be built from a GGUF. Here
+the types of the catalogue's GGUFs (q4_K, q6_K, q8_0, f16, bf16, f32: `BLOCKS`) are a few torch ops over many
+blocks at once, in gguf's float32 order of operations: a sub-block's scale is one rounded product (d * sc), each
+value code * scale (- offset), each its own rounding, never a fused multiply-add. A tensor goes chunk by chunk of
+CHUNK_WEIGHTS into one float32 result, so the temporaries (uint8 codes, a few bytes a weight) stay small. Other
+types go through gguf's numpy.
 """
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import numpy as np
 import torch
 
 Q = gguf.GGMLQuantizationType
-CHUNK_WEIGHTS = 1 << 20  # weights dequantized at a time: a chunk's temporaries are a few MB
+CHUNK_WEIGHTS = 1 << 22  # weights dequantized at a time: temporaries of a few bytes each, few thread joins
 Q4_K_SCALES = slice(4, 16)  # a q4_K block: d, dmin (fp16), 12 bytes of 6-bit scales and mins, 128 of 4-bit codes
-Q6_K_CODES, Q6_K_HIGH, Q6_K_SCALES = slice(0, 128), slice(128, 192), slice(192, 208)  # then d (fp16) at 208
+Q6_K_CODES, Q6_K_HIGH, Q6_K_SCALES, Q6_K_D = slice(0, 128), slice(128, 192), slice(192, 208), slice(208, 210)
 
 
 def dequantize_groups(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None = None,
@@ -47,11 +47,11 @@ def _q4_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
 
 
 def _q6_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
-    """q6_K blocks [B, 210] -> out [B, 256]: (6-bit code - 32) * d * scale, an int8 scale per 16 values."""
+    """q6_K blocks [B, 210] -> out [B, 256]: (d * scale) * (6-bit code - 32), an int8 scale per 16 values."""
     low = _fields(blocks[:, Q6_K_CODES].unflatten(1, (2, 64)), 4).flatten(1)  # [B, 256]: 2 halves x 2 nibbles x 64
     high = _fields(blocks[:, Q6_K_HIGH].unflatten(1, (2, 32)), 2).flatten(1)  # [B, 256]: 2 halves x 4 x 32
     codes = (low | high << 4).view(torch.int8) - 32  # [B, 256] in -32..31
-    scale = _half(blocks[:, 208:210]) * blocks[:, Q6_K_SCALES].view(torch.int8).float()  # [B, 16]
+    scale = _half(blocks[:, Q6_K_D]) * blocks[:, Q6_K_SCALES].view(torch.int8).float()  # [B, 16]
     dequantize_groups(codes, scale, out=out)
 
 
