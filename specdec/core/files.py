@@ -13,16 +13,20 @@ write removes those of its own destination first, `reap`, so a run folder outsid
 next write). A folder being replaced is first moved aside as `<partial>.previous` and deleted once the new one
 is in place; a kill in between leaves it, and `discard` puts it back. A folder deleted (`remove`) is renamed to
 a partial first, so a kill midway never leaves it under its own name with files missing.
+
+`write_json` / `read_json`: a versioned JSON document (a "format" and a "version" field, then its own): written
+the same way, read back or refused with one line naming the file.
 """
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import threading
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 ASSETS = Path(__file__).resolve().parents[2] / "assets"  # the data that ships with the code (catalogue, prompts, ...)
 PARTIAL = ".partial-"  # NAME.partial-<pid>-<thread>: a write of NAME in progress (or left by a killed writer)
@@ -80,6 +84,33 @@ def write_text(path: Path, text: str) -> None:
     """Replace `path` with `text` (UTF-8) atomically: readers see the old file or the new one, never a part."""
     with atomic_path(Path(path)) as partial:
         partial.write_text(text, encoding="utf-8")
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Replace `path` with `data` as indented UTF-8 JSON, atomically (`write_text`)."""
+    write_text(path, json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+
+
+def read_json(path: Path, kind: str, format_name: str, version: int, names: Iterable[str], remedy: str) -> dict:
+    """The JSON object in `path` whose "format" is `format_name` at `version` with every field of `names`;
+    otherwise a ValueError of one line naming the file: missing, not JSON, not a `kind`, another version or
+    damaged (fields missing). `remedy` says how to make one this version reads."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such {kind} ({remedy})") from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
+        raise ValueError(f"{path}: not a {kind} (not readable JSON: {type(error).__name__})") from None
+    if not isinstance(data, dict) or data.get("format") != format_name:
+        raise ValueError(f"{path}: not a {kind} ({remedy})")
+    if data.get("version") != version:
+        raise ValueError(f"{path}: a {kind} of format version {data.get('version')!r}; this version reads "
+                         f"version {version} ({remedy})")
+    missing = sorted(set(names) - set(data))
+    if missing:
+        raise ValueError(f"{path}: a damaged {kind} (missing {', '.join(missing)})")
+    return data
 
 
 @contextlib.contextmanager

@@ -35,30 +35,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from specdec.core.limits import K_UI_MAX, Budget
+from specdec.lab.presets import PROMPTS  # noqa: F401  (the presets the tabs offer: defined with their recordings)
 
-SUMMARY_PROMPT = (  # a summary repeats the text's phrases: what prompt lookup drafts from
-    "Text: The city council voted on Tuesday to extend the bicycle lane network by 40 kilometres over the next "
-    "three years. The extension will connect the northern suburbs to the city centre and to the main railway "
-    "station. The council said the project will cost 12 million euros and will be paid for by the regional "
-    "transport fund.\n\nSummarise the text above in two sentences.\nSummary: The city council voted on Tuesday to")
 K_RANGE = (1, K_UI_MAX)  # draft tokens per round offered by the dashboard (specdec.core.limits)
 K_CHOICES = ["auto", *range(K_RANGE[0], K_RANGE[1] + 1)]  # the k dropdowns' options
 MODEL_DRAFTERS = ("lookup", "self:4", "self:8", "self:14")  # need no second model: prompt lookup, first L target layers
 DTYPES = ("auto", "float32", "bfloat16", "int8")
 PROXY_HEADERS = ("x-forwarded-for", "x-forwarded-host", "forwarded", "x-real-ip")  # added by reverse proxies
 EXPLICIT = {"allow_custom_models": "SPECDEC_ALLOW_CUSTOM_MODELS", "allow_training": "SPECDEC_ALLOW_TRAINING"}
-
-PROMPTS = {  # preset name -> prompt text (the first is the live tab's default: English code, where speculation works)
-    "Python code": "def fibonacci(n: int) -> list[int]:\n    \"\"\"Return the first n Fibonacci numbers.\"\"\"\n",
-    "summarise (prompt lookup copies from it)": SUMMARY_PROMPT,
-    "Chinese chat: 今天天气": "今天天气",
-    "finance / quant code": (
-        "import pandas as pd\n\n"
-        "def max_drawdown(prices: pd.Series) -> float:\n"
-        "    \"\"\"Largest peak-to-trough fall of a price series, as a fraction of the peak.\"\"\"\n"),
-    "Chinese medical question": "医学问题：糖尿病患者空腹血糖控制目标是多少？\n医学回答：",
-    "English chat": "User: What is speculative decoding, in two sentences?\nAssistant:",
-}
 
 
 @dataclass(frozen=True)
