@@ -11,11 +11,12 @@ import inspect
 
 import gradio as gr
 
-from specdec.core.engine import autoregressive_generate, run_rounds
+from specdec.core.engine import run_rounds
 from specdec.core.limits import Budget
 from specdec.core.trace import GenerationResult
 from specdec.costs.waterfall import Step
 from specdec.lab import plots as figures
+from specdec.lab.recording import target_alone
 from specdec.models import cache
 
 from specdec.dashboard.hub import ModelHub
@@ -73,9 +74,8 @@ def run_speculative(target_model, draft_model, request: DecodeRequest, on_round=
 
 def run_baseline(target_model, request: DecodeRequest, new_tokens: int, token: StopToken) -> GenerationResult:
     """The target alone on the same prompt and settings, for `new_tokens` tokens, within the request's budget."""
-    return autoregressive_generate(target_model, request.prompt, max_new_tokens=max(1, new_tokens),
-                                   temperature=request.temperature, top_p=request.top_p, seed=request.seed,
-                                   on_round=token.running, budget=token.budget)
+    return target_alone(target_model, request.prompt, new_tokens, request.temperature, request.top_p, request.seed,
+                        token.running, token.budget)
 
 
 def check_prompt(target_model, request: DecodeRequest, budget: Budget) -> None:
