@@ -33,7 +33,7 @@ def build_demo(config: AppConfig, hub: ModelHub | None = None) -> gr.Blocks:
         gr.Markdown(INTRO)
         gr.Markdown(hub.memory, elem_id="memory")  # a callable: read again on every page load
         with gr.Tabs():
-            live_tab = live.build(config, hub, model_box)
+            live_tab = live.build(config, hub, demo, model_box)
             compare_tab = compare.build(config, hub, demo, model_box, live_tab.settings.draft, profiles)
             swept = theory.build(config, hub, live_tab.settings, profiles)
             measured = hardware.build(config, hub, live_tab.settings)

@@ -1,6 +1,8 @@
 """The Live decode tab: a speculative decode streamed round by round as chips, then the target alone for the
 measured speedup; stats cards, figures, the cost waterfall and the run's downloads (`step` adds the
-step-through under it)."""
+step-through under it). Until a run of its own, the page shows the preset's recording when there is one
+(`specdec.lab.recording`, made by `python -m specdec record`), labelled with the machine and date it was measured
+on: a first look with no model loaded."""
 from __future__ import annotations
 
 import csv
@@ -19,11 +21,13 @@ import pandas as pd
 from specdec.core.limits import K_AUTO_MAX
 from specdec.core.trace import GenerationResult
 from specdec.costs.waterfall import cost_waterfall
+from specdec.core.hardware import REPOSITORY
 from specdec.lab import plots as figures
+from specdec.lab import presets, recording
 from specdec.lab.report import baseline_lines, round_rows
 
 from specdec.dashboard.chips import chips_html, legend_html
-from specdec.dashboard.config import AppConfig, K_CHOICES, PROMPTS
+from specdec.dashboard.config import AppConfig, K_CHOICES
 from specdec.dashboard.events import DECODE, on_gpu, private
 from specdec.dashboard.handlers import check_prompt, run_baseline, user_errors, waterfall_figure
 from specdec.dashboard.hub import VOCABULARIES, ModelHub
@@ -72,10 +76,11 @@ class LiveView(NamedTuple):
     positions: object  # plotly figure: per-position acceptance
     stats: str  # HTML stat cards
     status: str  # one Markdown line: what is happening
+    recorded: object  # the "Recorded on ..." line: shown for a recording, hidden by a run of this machine
 
 
-def build(config: AppConfig, hub: ModelHub, model_box) -> LiveTab:
-    """The tab's components and events (inside `gr.Tabs`); `model_box` makes a model dropdown."""
+def build(config: AppConfig, hub: ModelHub, demo: gr.Blocks, model_box) -> LiveTab:
+    """The tab's components and events (inside `gr.Tabs` of `demo`); `model_box` makes a model dropdown."""
     custom = config.allow_custom_models
     control = gr.State(RunControl, delete_callback=forget)  # per browser session: the Stop button's handle on its
     # own decode (and its downloads, removed with the session)
@@ -88,17 +93,17 @@ def build(config: AppConfig, hub: ModelHub, model_box) -> LiveTab:
                                   info="a model, `lookup` (prompt lookup) or `self:L` (first L target layers)")
                 bridge = gr.Radio(list(VOCABULARIES), value="auto", label="draft vocabulary",
                                   info="auto: through the text bridge when the tokenizers differ")
-                preset = gr.Dropdown(list(PROMPTS), value=next(iter(PROMPTS)), label="prompt preset")
+                preset = gr.Dropdown(list(presets.PROMPTS), value=next(iter(presets.PROMPTS)), label="prompt preset")
                 classroom_button = gr.Button("Classroom preset: quick enough to watch on a laptop CPU", size="sm",
                                              elem_id="classroom")
-                prompt = gr.Textbox(next(iter(PROMPTS.values())), label="prompt", lines=4, elem_id="prompt",
+                prompt = gr.Textbox(next(iter(presets.PROMPTS.values())), label="prompt", lines=4, elem_id="prompt",
                                     info=f"at most {config.max_prompt_tokens} tokens "
                                          f"({config.max_prompt_chars} characters) on this host")
-                k = gr.Dropdown(K_CHOICES, value="auto", label="k: draft tokens per round", elem_id="k",
+                k = gr.Dropdown(K_CHOICES, value=presets.LIVE_K, label="k: draft tokens per round", elem_id="k",
                                 info="auto: chosen each round (0 = a plain target step) from the measured "
                                      "acceptance and what verification costs on this machine")
-                max_new = gr.Slider(1, config.max_new_tokens_cap, value=min(48, config.max_new_tokens_cap),
-                                    step=1, label="max new tokens")
+                max_new = gr.Slider(1, config.max_new_tokens_cap, step=1, label="max new tokens",
+                                    value=min(presets.LIVE_MAX_NEW_TOKENS, config.max_new_tokens_cap))
                 sampling = gr.Radio([("greedy", False), ("sampling", True)], value=False, label="decoding")
                 with gr.Row():
                     temperature = gr.Slider(0.05, 2.0, value=0.8, step=0.05, label="temperature")
@@ -109,6 +114,7 @@ def build(config: AppConfig, hub: ModelHub, model_box) -> LiveTab:
                     run = gr.Button("Run", variant="primary", elem_id="run")
                     stop_button = gr.Button("Stop", variant="stop", elem_id="stop")
             with gr.Column(scale=2):
+                recorded = gr.Markdown(visible=False, elem_id="recorded")  # "Recorded on ...": shown by a replay
                 status = gr.Markdown("pick a pair and a prompt, then **Run**", elem_id="status")
                 gr.HTML(legend_html())
                 chips = gr.HTML(elem_id="chips-box")
@@ -128,25 +134,27 @@ def build(config: AppConfig, hub: ModelHub, model_box) -> LiveTab:
         step.build(hub, settings)
 
     private(preset.change, preset_prompt, preset, prompt)
+    views = [chips, table, acceptance_plot, histogram_plot, positions_plot, stats, status, recorded]
+    for shown in (demo.load, preset.change):  # reads a file and renders it: no model, no queue
+        private(shown, replay, preset, [*views, waterfall_plot, export_json, export_csv], queue=False)
     private(classroom_button.click, partial(classroom, config.max_new_tokens_cap), None,
             [target, draft, preset, prompt, k, max_new], queue=False)
     queued = private(run.click, RunControl.queued, control, control, queue=False)  # Stop works while it waits
     decoded = private(queued.then, on_gpu(partial(live_decode, hub), config), [*settings, baseline, control],
-                      [chips, table, acceptance_plot, histogram_plot, positions_plot, stats, status],
-                      concurrency_id=DECODE)
+                      views, concurrency_id=DECODE)
     private(decoded.then, after_live, control, [waterfall_plot, export_json, export_csv])
     private(stop_button.click, stop, control, status, concurrency_limit=None)
     return LiveTab(settings, [decoded])
 
 
 def preset_prompt(name: str) -> str:
-    return PROMPTS.get(name, "")
+    return presets.PROMPTS.get(name, "")
 
 
 def classroom(max_new_tokens_cap: int = 256):
     """(target, draft, preset, prompt, k, max new tokens) of the classroom preset (within this host's cap)."""
     c = CLASSROOM
-    return (c["target"], c["draft"], c["preset"], PROMPTS[c["preset"]], c["k"],
+    return (c["target"], c["draft"], c["preset"], presets.PROMPTS[c["preset"]], c["k"],
             min(c["max_new_tokens"], max_new_tokens_cap))
 
 
@@ -168,7 +176,7 @@ def live_decode(hub: ModelHub, target, draft, bridge, prompt, k, max_new_tokens,
                                         temperature if sampling else 0.0, top_p, seed).checked(hub.config)
     token = control.start(hub.config.request_budget())
     if token.stopped:  # Stop was pressed while this request waited in the queue
-        yield LiveView(*[gr.skip()] * 6, token.reason)
+        yield LiveView(*[gr.skip()] * 6, token.reason, gr.skip())
         return
     target_model, draft_model = hub.pair(request.target, request.draft, bridge, progress=progress, budget=token.budget)
     check_prompt(target_model, request, token.budget)
@@ -191,18 +199,26 @@ def live_decode(hub: ModelHub, target, draft, bridge, prompt, k, max_new_tokens,
     yield live_view(result, tokenizer, request, "measuring the target alone on the same prompt and length…",
                     light=True)
     baseline = run_baseline(target_model, request, len(result.token_ids), token)
-    summary = "; ".join(baseline_lines(result, baseline, request.temperature == 0, target_model.dtype, tokenizer))
     remember(control, result, baseline, tokenizer)
-    yield live_view(result, tokenizer, request, f"done: {len(result.token_ids)} tokens in {len(result.rounds)} "
-                                                f"rounds; {summary}", baseline)
+    yield live_view(result, tokenizer, request, finished(result, baseline, request, target_model.dtype, tokenizer),
+                    baseline)
+
+
+def finished(result: GenerationResult, baseline: GenerationResult, request: DecodeRequest, dtype: str,
+             tokenizer) -> str:
+    """The status line of a run done with its baseline: its length, the measured speedup, the output check."""
+    summary = "; ".join(baseline_lines(result, baseline, request.temperature == 0, dtype, tokenizer))
+    return f"done: {len(result.token_ids)} tokens in {len(result.rounds)} rounds; {summary}"
 
 
 def live_view(result: GenerationResult, tokenizer, request: DecodeRequest, status: str,
               baseline: GenerationResult | None = None, light: bool = False) -> LiveView:
     """Everything the live tab shows for `result` (complete or partial); `light`: chips and status only."""
+    unrecorded = gr.update(value="", visible=False)  # what this machine measures replaces a recording
     if light:
         skip = gr.skip()
-        return LiveView(chips_html(result.rounds, tokenizer, request.prompt), skip, skip, skip, skip, skip, status)
+        return LiveView(chips_html(result.rounds, tokenizer, request.prompt), skip, skip, skip, skip, skip, status,
+                        unrecorded)
     span = K_AUTO_MAX if request.k == AUTO else request.k  # draft positions the charts show
     return LiveView(
         chips=chips_html(result.rounds, tokenizer, request.prompt),
@@ -212,7 +228,39 @@ def live_view(result: GenerationResult, tokenizer, request: DecodeRequest, statu
         positions=figures.per_position_acceptance(result.stats),
         stats=stats_html(result.stats, baseline.stats if baseline else None),
         status=status,
+        recorded=unrecorded,
     )
+
+
+# --- a recorded run: the first look, before any model loads -------------------------------------------------
+
+def replay(preset: str, folder: str | Path = recording.FOLDER):
+    """(LiveView, waterfall, JSON, CSV) of `preset`'s recording in `folder`, labelled with the machine and date it
+    ran on; skips when there is none, and the refusal's line when the file is not one this version reads."""
+    skip = gr.skip()
+    try:
+        made = recording.recorded(preset, folder)
+    except ValueError as error:
+        line = str(error).replace(f"{REPOSITORY}/", "")  # names the file, not where the app is installed
+        refused = LiveView(*[skip] * 6, f"the recorded run is not shown: {line}", gr.update(visible=False))
+        return refused, skip, skip, skip
+    if made is None:
+        return LiveView(*[skip] * 8), skip, skip, skip
+    request = DecodeRequest(made.target, made.draft, made.prompt, made.k, made.max_new_tokens, made.temperature)
+    tokenizer = made.tokenizer
+    view = live_view(made.result, tokenizer, request, finished(made.result, made.baseline, request,
+                                                               made.formats.get(made.target, ""), tokenizer),
+                     made.baseline)
+    nothing = gr.update(value=None)  # the downloads are a run of this session's own
+    return (view._replace(recorded=gr.update(value=recorded_label(made), visible=True)),
+            waterfall_figure(cost_waterfall(made.result, made.baseline)), nothing, nothing)
+
+
+def recorded_label(made: recording.Recording) -> str:
+    """The line over a replay: where and when it was measured, with which pair, and how to measure here."""
+    formats = ", ".join(f"{name} {form}" for name, form in made.formats.items())
+    return (f"**Recorded on {made.machine}, {made.date[:10]}** — press Run to measure on this machine "
+            f"(`{made.target}` + `{made.draft}`, k = {made.k}; {formats})")
 
 
 # --- the last live run: waterfall and export --------------------------------------------------------
