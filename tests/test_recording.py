@@ -51,8 +51,8 @@ def _header(**change) -> dict:
 
 @pytest.mark.parametrize("content, message", [
     ("{not json", "not a recording (not readable JSON"),
-    (json.dumps({"format": "specdec cost profile", "version": 1}), "not a recording"),
-    (json.dumps([1, 2]), "not a recording"),
+    (json.dumps({"format": "specdec cost profile", "version": 1}), "not a specdec recording"),
+    (json.dumps([1, 2]), "not a specdec recording"),
     (json.dumps(_header(version=2)), "a recording of format version 2; this version reads version 1"),
     (json.dumps(_header(preset="Python code")), "a damaged recording (missing baseline, code_version"),
 ])
@@ -102,7 +102,7 @@ def test_without_a_recording_the_replay_changes_nothing(tmp_path):
 def test_a_bad_recording_in_the_app_is_one_line_naming_it(tmp_path):
     recording.path_of("English chat", tmp_path).write_text("{}", encoding="utf-8")
     view, *_ = live.replay("English chat", tmp_path)
-    assert "english-chat.json: not a recording" in view.status and not view.recorded["visible"]
+    assert "english-chat.json: not a specdec recording" in view.status and not view.recorded["visible"]
 
 
 def test_a_live_run_removes_the_recorded_label(hub, paths):

@@ -103,10 +103,10 @@ def read_json(path: Path, kind: str, format_name: str, version: int, names: Iter
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
         raise ValueError(f"{path}: not a {kind} (not readable JSON: {type(error).__name__})") from None
     if not isinstance(data, dict) or data.get("format") != format_name:
-        raise ValueError(f"{path}: not a {kind} ({remedy})")
+        raise ValueError(f"{path}: not a specdec {kind} ({remedy})")
     if data.get("version") != version:
         raise ValueError(f"{path}: a {kind} of format version {data.get('version')!r}; this version reads "
-                         f"version {version} ({remedy})")
+                         f"version {version}: {remedy}")
     missing = sorted(set(names) - set(data))
     if missing:
         raise ValueError(f"{path}: a damaged {kind} (missing {', '.join(missing)})")
