@@ -16,7 +16,6 @@ tabs show, next to the speedup measured here, the speedup predicted on the hardw
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 from dataclasses import asdict, dataclass, field, fields
@@ -96,28 +95,14 @@ def measured_profile(target, curve: TargetCosts, drafts: dict[str, float], weigh
 
 def save_profile(profile: CostProfile, path: str | Path) -> None:
     """Write `profile` to `path` as JSON (atomically)."""
-    files.write_text(Path(path), json.dumps(profile.to_dict(), indent=1, ensure_ascii=False) + "\n")
+    files.write_json(Path(path), profile.to_dict())
 
 
 def load_profile(path: str | Path) -> CostProfile:
     """The profile in `path`; a ValueError of one line naming the file when it is not one this version reads."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ValueError(f"{path}: no such cost profile (write one with `python -m specdec profile --save "
-                         f"{path.name}`)") from None
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise ValueError(f"{path}: not a cost profile (not readable JSON: {type(error).__name__})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ValueError(f"{path}: not a specdec cost profile (write one with `python -m specdec profile --save`)")
-    if data.get("version") != VERSION:
-        raise ValueError(f"{path}: a cost profile of format version {data.get('version')!r}; this version "
-                         f"reads version {VERSION}: profile the machine again")
     names = {f.name for f in fields(CostProfile)} - {"source"}
-    missing = sorted(names - set(data))
-    if missing:
-        raise ValueError(f"{path}: a damaged cost profile (missing {', '.join(missing)})")
+    data = files.read_json(Path(path), "cost profile", FORMAT, VERSION, names,
+                           "profile the machine with `python -m specdec profile --save FILE`")
     profile = CostProfile(**{name: data[name] for name in names}, source=str(path))
     problem = _problem(profile)
     if problem:
