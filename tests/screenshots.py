@@ -34,8 +34,10 @@ def page_at(url: str):
     
 
 def run_live(page, timeout_ms: int) -> None:
-    """Press Run on the live tab and wait for chips, the round table, a plot and the final status."""
+    """Press Run on the live tab and wait for chips, the round table, a plot and the final status (of this run, not
+    of a recording shown before it: its label goes when the run starts)."""
     page.click("#run")
+    page.wait_for_selector("#recorded", state="hidden", timeout=timeout_ms)
     page.wait_for_selector("#chips-box .chip-correction, #chips-box .chip-bonus", timeout=timeout_ms)
     wait_for_text(page, "#round-table", "[", timeout_ms)  # a matches cell like [T,F]
     page.wait_for_selector("#alpha-plot .main-svg", timeout=timeout_ms)

@@ -9,15 +9,19 @@ import pytest
 from specdec.cli import main
 from specdec.cli import record as record_command
 from specdec.core import hardware
+from specdec.dashboard import layout
 from specdec.dashboard.chips import chips_html
+from specdec.dashboard.config import AppConfig
+from specdec.dashboard.hub import ModelHub
 from specdec.dashboard.panels import round_table, stats_html
 from specdec.dashboard.runs import RunControl
 from specdec.dashboard.tabs import live
 from specdec.lab import presets, recording
 from specdec.lab.recording import load_recording, save_recording
-from specdec.models import load_model
+from specdec.models import ModelPool, load_model
 from tiny_models import Progress
 
+CONFIG = AppConfig()
 PRESET = "Chinese chat: 今天天气"  # multi-byte text: its characters span byte-level tokens
 
 
@@ -32,6 +36,12 @@ def made(pair):
     target, draft = pair
     return recording.record(target, draft, "tiny-draft", PRESET, 3, 12, None,
                             {target.name: target.dtype, draft.name: draft.dtype})
+
+
+def replayed(preset: str, folder) -> tuple:
+    """(LiveView, waterfall, JSON download, CSV download) the Live tab's replay sends for `preset`."""
+    shown = live.replay(preset, folder)
+    return live.LiveView(*shown[:len(live.LiveView._fields)]), *shown[len(live.LiveView._fields):]
 
 
 def test_a_recording_round_trips_with_its_header(made, tmp_path):
@@ -82,7 +92,7 @@ def test_a_damaged_recording_is_refused_with_one_line(made, tmp_path, damage, me
 
 def test_the_replay_shows_the_recording_as_a_run_and_labels_it(made, pair, tmp_path):
     save_recording(made, tmp_path)
-    view, waterfall, json_file, csv_file = live.replay(PRESET, tmp_path)
+    view, waterfall, json_file, csv_file = replayed(PRESET, tmp_path)
     label = view.recorded
     assert label["visible"] and f"Recorded on {hardware.label(hardware.describe())}, {made.date[:10]}" in label["value"]
     assert "press Run to measure on this machine" in label["value"]
@@ -95,13 +105,13 @@ def test_the_replay_shows_the_recording_as_a_run_and_labels_it(made, pair, tmp_p
 
 
 def test_without_a_recording_the_replay_changes_nothing(tmp_path):
-    view, *rest = live.replay("Python code", tmp_path)
+    view, *rest = replayed("Python code", tmp_path)
     assert all(part == {"__type__": "update"} for part in (*view, *rest))  # gr.skip() everywhere
 
 
 def test_a_bad_recording_in_the_app_is_one_line_naming_it(tmp_path):
     recording.path_of("English chat", tmp_path).write_text("{}", encoding="utf-8")
-    view, *_ = live.replay("English chat", tmp_path)
+    view, *_ = replayed("English chat", tmp_path)
     assert "english-chat.json: not a specdec recording" in view.status and not view.recorded["visible"]
 
 
@@ -131,10 +141,20 @@ def test_the_record_command_writes_a_recording_that_loads_back(paths, tmp_path, 
     assert loaded.formats == {"tiny-target": "float32", "tiny-draft": "float32"}
     assert 1 <= len(loaded.result.token_ids) <= 8 and loaded.baseline.token_ids == loaded.result.token_ids
     assert loaded.hardware == hardware.describe() and loaded.date.endswith("+00:00")
-    view, *_ = live.replay("Python code", tmp_path)
+    view, *_ = replayed("Python code", tmp_path)
     assert view.recorded["visible"] and view.stats == stats_html(loaded.result.stats, loaded.baseline.stats)
 
 
 def test_each_preset_has_its_own_file_name():
     names = [recording.path_of(name).name for name in presets.PROMPTS]
     assert len(set(names)) == len(names) and all(name.isascii() for name in names)
+
+
+def test_the_replay_is_wired_on_page_load_and_preset_change_to_what_it_returns(made, tmp_path):
+    demo = layout.build_demo(CONFIG, ModelHub(CONFIG, pool=ModelPool()))
+    wired = [block for block in demo.fns.values() if getattr(block.fn, "__name__", "") == "replay"]
+    assert len(wired) == 2 and all(not block.queue for block in wired)  # no model, no wait in the decode queue
+    save_recording(made, tmp_path)
+    assert {len(block.outputs) for block in wired} == {len(live.replay(PRESET, tmp_path))}
+    outputs = [component.elem_id for component in wired[0].outputs]
+    assert {"recorded", "status", "chips-box", "stats-box", "round-table", "alpha-plot", "waterfall-plot"} <= set(outputs)

@@ -235,7 +235,7 @@ def live_view(result: GenerationResult, tokenizer, request: DecodeRequest, statu
 # --- a recorded run: the first look, before any model loads -------------------------------------------------
 
 def replay(preset: str, folder: str | Path = recording.FOLDER):
-    """(LiveView, waterfall, JSON, CSV) of `preset`'s recording in `folder`, labelled with the machine and date it
+    """(*LiveView, waterfall, JSON, CSV) of `preset`'s recording in `folder`, labelled with the machine and date it
     ran on; skips when there is none, and the refusal's line when the file is not one this version reads."""
     skip = gr.skip()
     try:
@@ -243,16 +243,16 @@ def replay(preset: str, folder: str | Path = recording.FOLDER):
     except ValueError as error:
         line = str(error).replace(f"{REPOSITORY}/", "")  # names the file, not where the app is installed
         refused = LiveView(*[skip] * 6, f"the recorded run is not shown: {line}", gr.update(visible=False))
-        return refused, skip, skip, skip
+        return *refused, skip, skip, skip
     if made is None:
-        return LiveView(*[skip] * 8), skip, skip, skip
+        return *LiveView(*[skip] * 8), skip, skip, skip
     request = DecodeRequest(made.target, made.draft, made.prompt, made.k, made.max_new_tokens, made.temperature)
     tokenizer = made.tokenizer
     view = live_view(made.result, tokenizer, request, finished(made.result, made.baseline, request,
                                                                made.formats.get(made.target, ""), tokenizer),
                      made.baseline)
     nothing = gr.update(value=None)  # the downloads are a run of this session's own
-    return (view._replace(recorded=gr.update(value=recorded_label(made), visible=True)),
+    return (*view._replace(recorded=gr.update(value=recorded_label(made), visible=True)),
             waterfall_figure(cost_waterfall(made.result, made.baseline)), nothing, nothing)
 
 
