@@ -25,7 +25,7 @@ from specdec.lab.report import baseline_lines, round_rows
 
 FORMAT = "specdec recording"  # the "format" field every recording carries
 VERSION = 1  # bump when the fields change meaning
-FOLDER = Path(__file__).resolve().parents[2] / "assets" / "recordings"  # where the app looks for them
+FOLDER = files.ASSETS / "recordings"  # where the app looks for them
 REMEDY = "record one with `python -m specdec record`"  # what a refusal suggests
 
 
