@@ -261,3 +261,12 @@ def test_the_theory_tab_prices_its_curves_and_sweep_with_the_chosen_profile(bund
     assert "not for this target" in status
     with pytest.raises(Exception, match="pick this machine or one of the bundled profiles"):
         list(theory_tab.k_sweep(hub, bundled, *pair, 2, "../elsewhere.json"))
+
+
+def test_every_shipped_profile_reads_back_for_the_default_target():
+    shipped = sorted(p.name for p in profiles.HARDWARE.glob("*.json"))
+    bundled = bundled_profiles()
+    assert sorted(bundled) == shipped  # none refused
+    for found in bundled.values():
+        found.check_target(entries.default_name("target"))
+        assert found.costs(entries.default_name("draft")).draft_cost > 0

@@ -158,3 +158,15 @@ def test_the_replay_is_wired_on_page_load_and_preset_change_to_what_it_returns(m
     assert {len(block.outputs) for block in wired} == {len(live.replay(PRESET, tmp_path))}
     outputs = [component.elem_id for component in wired[0].outputs]
     assert {"recorded", "status", "chips-box", "stats-box", "round-table", "alpha-plot", "waterfall-plot"} <= set(outputs)
+
+
+def test_every_shipped_recording_reads_back_and_the_replay_labels_it():
+    shipped = sorted(recording.FOLDER.glob("*.json"))
+    assert {path.name for path in shipped} <= {recording.path_of(name).name for name in presets.PROMPTS}
+    for name in presets.PROMPTS:
+        made = recording.recorded(name)
+        if made is None:
+            continue
+        view = live.replay(name)
+        label = next(value for value in view if isinstance(value, dict) and "Recorded on" in str(value.get("value")))
+        assert hardware.label(made.hardware) in label["value"] and made.date[:10] in label["value"]
