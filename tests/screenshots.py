@@ -1,7 +1,7 @@
 """Drive the dashboard in headless Chromium: run each tab, wait for its results, save screenshots.
 
 Used by tests/test_browser.py and to make the screenshots in docs/:
-    cd tests && python -m screenshots http://127.0.0.1:7860 ../docs/screenshots [live,compare,theory,hardware]
+    cd tests && python -m screenshots http://127.0.0.1:7860 ../docs/screenshots [recorded,live,compare,theory,hardware]
     cd tests && python -m screenshots http://127.0.0.1:7860 ../docs/screenshots teach  # step-through, position, waterfall
     cd tests && python -m screenshots http://127.0.0.1:7860 ../docs aligned  # prepare, distil, compare-aligned.png
     cd tests && python -m screenshots http://127.0.0.1:7860 ../docs compare:NAME "PROMPT"  # compare tab as is, NAME.png
@@ -42,6 +42,12 @@ def run_live(page, timeout_ms: int) -> None:
     wait_for_text(page, "#round-table", "[", timeout_ms)  # a matches cell like [T,F]
     page.wait_for_selector("#alpha-plot .main-svg", timeout=timeout_ms)
     wait_for_text(page, "#status", "done", timeout_ms)
+
+
+def run_recorded(page, timeout_ms: int) -> None:
+    """The live tab as the page opens: the preset's recorded run, labelled with where and when it ran."""
+    wait_for_text(page, "#recorded", "Recorded on", timeout_ms)
+    page.wait_for_selector("#alpha-plot .main-svg", timeout=timeout_ms)
 
 
 def wait_for_text(page, selector: str, text: str, timeout_ms: int) -> None:
@@ -182,7 +188,8 @@ def screenshots(url: str, out_dir: str | Path, tabs: tuple[str, ...] = ("live", 
     out_dir.mkdir(parents=True, exist_ok=True)
     saved = []
     with page_at(url) as page:
-        runs = {"live": run_live, "compare": run_compare, "theory": run_theory, "hardware": run_hardware}
+        runs = {"recorded": run_recorded, "live": run_live, "compare": run_compare, "theory": run_theory,
+                "hardware": run_hardware}
         for name in tabs:
             runs[name](page, timeout_ms)
             path = out_dir / f"{name}.png"

@@ -6,6 +6,7 @@ import inspect
 from functools import partial
 from types import SimpleNamespace
 
+import gradio as gr
 import pytest
 
 from specdec.dashboard import events, layout
@@ -85,3 +86,12 @@ def test_the_hardware_tab_reads_on_opening_and_refresh_and_measures_the_live_pai
     assert [c.label for c in measure.inputs] == [c.label for c in views[0].inputs] == ["target model", "draft",
                                                                                         "draft vocabulary"]
     assert len(measure.outputs) == len(views[0].outputs) == 7
+
+
+def test_the_tab_bar_holds_only_tabs(demo):
+    """Gradio's tab bar numbers the children of gr.Tabs as tabs: a State beside them shifted every label after it
+    (the bar showed "Live decode" twice and no "Aligned vs unaligned")."""
+    [tabs] = [block for block in demo.blocks.values() if isinstance(block, gr.Tabs)]
+    assert all(isinstance(child, gr.Tab) for child in tabs.children)
+    assert [child.label for child in tabs.children] == ["Live decode", "Aligned vs unaligned",
+                                                        "Theory vs measurement", "Hardware"]

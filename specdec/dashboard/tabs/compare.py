@@ -52,8 +52,8 @@ def build(config: AppConfig, hub: ModelHub, demo: gr.Blocks, model_box, live_dra
     """The tab's components and events; `live_draft` is the live tab's draft list, which a newly distilled
     draft joins too; `profiles` the bundled cost profiles the "predict on hardware" list offers."""
     custom = config.allow_custom_models
-    known = gr.State(list)  # per session: the aligned drafts its dropdowns list
     with gr.Tab("Aligned vs unaligned", id="compare"):
+        known = gr.State(list)  # per session: the aligned drafts its dropdowns list
         gr.Markdown(INTRO)
         with gr.Row():
             target = model_box(hub.choices("target"), value=hub.default("target"), label="target")

@@ -82,9 +82,9 @@ class LiveView(NamedTuple):
 def build(config: AppConfig, hub: ModelHub, demo: gr.Blocks, model_box) -> LiveTab:
     """The tab's components and events (inside `gr.Tabs` of `demo`); `model_box` makes a model dropdown."""
     custom = config.allow_custom_models
-    control = gr.State(RunControl, delete_callback=forget)  # per browser session: the Stop button's handle on its
-    # own decode (and its downloads, removed with the session)
-    with gr.Tab("Live decode", id="live"):
+    with gr.Tab("Live decode", id="live"):  # a State too sits inside its tab: gr.Tabs numbers its children as tabs
+        control = gr.State(RunControl, delete_callback=forget)  # per browser session: the Stop button's handle on
+        # its own decode (and its downloads, removed with the session)
         with gr.Row():
             with gr.Column(scale=1, min_width=320):
                 target = model_box(hub.choices("target"), value=hub.default("target"), label="target model",

@@ -47,8 +47,8 @@ def build(config: AppConfig, hub: ModelHub, live, profiles: dict[str, CostProfil
     """The tab's components and events; the sweep decodes with the live tab's settings `live` (a
     `live.Settings`); `profiles` are the bundled cost profiles "predict on hardware" offers. Returns the events
     after which the model lists are read again."""
-    sweep_points = gr.State(dict)  # per session: the last sweep (points, measured v(n))
     with gr.Tab("Theory vs measurement", id="theory"):
+        sweep_points = gr.State(dict)  # per session: the last sweep (points, measured v(n))
         with gr.Row():
             with gr.Column(scale=1, min_width=300):
                 alpha = gr.Slider(0.0, 1.0, value=0.7, step=0.01, label="α (acceptance rate)")
