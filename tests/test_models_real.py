@@ -2,9 +2,10 @@
 import time
 
 import pytest
+from transformers import AutoConfig
 
 from specdec import autoregressive_generate, speculative_generate
-from specdec.models import check_pair, default_name, load_draft, load_model
+from specdec.models import check_pair, default_name, entries, load_draft, load_model, loading, random_weights
 
 pytestmark = pytest.mark.real
 
@@ -22,3 +23,18 @@ def test_default_pair_speculative_greedy_equals_target_alone_in_float32():
           f"both {time.perf_counter() - start:.2f} s, acceptance {spec.stats.acceptance_rate:.2f}")
     assert len(spec.token_ids) == 16
     assert spec.token_ids == alone.token_ids
+
+
+@pytest.mark.parametrize("name", random_weights.shipped())
+def test_each_shipped_architecture_is_the_one_its_gguf_describes(name):
+    """`architecture` reads a catalogue model's shipped config instead of its GGUF's metadata: the same shapes."""
+    entry = entries.find(name)
+    if not (entry.package and entry.package.installed()):
+        pytest.skip(f"{name}: no installed package")
+    with loading.assembled(entry) as gguf:
+        described = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    shipped = loading.architecture(name)
+    fields = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads", "vocab_size", "tie_word_embeddings", "rope_theta", "rms_norm_eps",
+              "max_position_embeddings")
+    assert {f: getattr(shipped, f, None) for f in fields} == {f: getattr(described, f, None) for f in fields}

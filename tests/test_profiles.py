@@ -122,7 +122,7 @@ def tiny_architectures(tmp_path, monkeypatch):
     folder.mkdir()
     for role, layers in (("target", 2), ("draft", 1)):
         tiny_config("qwen2", vocab_size=96, layers=layers).to_json_file(folder / f"{entries.default_name(role)}.json")
-    monkeypatch.setattr(random_weights, "CONFIGS", folder)
+    monkeypatch.setattr(entries, "CONFIGS", folder)
     return folder
 
 
@@ -153,7 +153,7 @@ def test_random_weights_refuse_a_model_without_a_shipped_architecture(tiny_archi
 def test_each_shipped_architecture_is_a_catalogue_model_of_its_size(name):
     entry = entries.find(name)
     assert entry is not None and entry.name == name
-    config = AutoConfig.from_pretrained(random_weights.CONFIGS / f"{name}.json")
+    config = AutoConfig.from_pretrained(entries.CONFIGS / f"{name}.json")
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     tied = config.tie_word_embeddings

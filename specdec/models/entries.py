@@ -24,6 +24,7 @@ from specdec.core import files
 from specdec.models import cache as weights_cache, hub
 
 CATALOGUE_PATH = files.ASSETS / "models.json"
+CONFIGS = files.ASSETS / "configs"  # <name>.json: a catalogue model's architecture (transformers config), shipped
 STATUSES = ("ready", "needs assembly", "needs download")
 
 
@@ -112,6 +113,12 @@ def names() -> list[str]:
 def find(name: str) -> CatalogueEntry | None:
     """The catalogue entry called `name` (case-insensitive), or None."""
     return next((entry for entry in _entries() if entry.name == name.lower()), None)
+
+
+def shipped_config(name: str) -> Path | None:
+    """The shipped architecture of catalogue model `name` (its config.json), or None where none ships."""
+    path = CONFIGS / f"{name}.json"
+    return path if path.is_file() else None
 
 
 def default_name(role: str) -> str:

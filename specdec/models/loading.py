@@ -97,12 +97,15 @@ def format_choice(spec: str, role: str = "target", device: str = "cpu", recalibr
 
 
 def architecture(spec: str):
-    """The transformers config of `spec`: from a converted folder or a current int8 / int4 store (no GGUF needed),
-    the GGUF's metadata, or the model's folder."""
+    """The transformers config of `spec`: a catalogue model's shipped architecture (`entries.shipped_config`, read
+    in milliseconds where the GGUF's metadata takes seconds), a converted folder or a current int8 / int4 store
+    (no GGUF needed), the GGUF's metadata, or the model's folder."""
     from transformers import AutoConfig
 
     entry = entries.find(spec.strip())
     if entry is not None:
+        if shipped := entries.shipped_config(entry.name):
+            return AutoConfig.from_pretrained(shipped)
         if folder := _config_folder(entry):
             return AutoConfig.from_pretrained(folder)
         if _package(entry):

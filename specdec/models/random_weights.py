@@ -14,25 +14,23 @@ from pathlib import Path
 
 from transformers import AutoConfig
 
-from specdec.core import files
 from specdec.core.timing import Timer
 from specdec.models import entries, formats
 from specdec.models.loading import LoadedModel, resolve_device, resolve_dtype
 
-CONFIGS = files.ASSETS / "configs"
 SOURCE = "random weights"  # LoadedModel.source of a model built here
 
 
 def shipped() -> list[str]:
     """The catalogue names with a shipped config."""
-    return sorted(path.stem for path in CONFIGS.glob("*.json"))
+    return sorted(path.stem for path in entries.CONFIGS.glob("*.json"))
 
 
 def config_path(spec: str) -> Path:
     """The shipped config of catalogue model `spec`; a ValueError naming the choices otherwise."""
     entry = entries.find(spec.strip()) if isinstance(spec, str) else None
-    path = CONFIGS / f"{entry.name}.json" if entry is not None else None
-    if path is None or not path.is_file():
+    path = entries.shipped_config(entry.name) if entry is not None else None
+    if path is None:
         raise ValueError(f"random weights need a catalogue model whose architecture ships with specdec "
                          f"({', '.join(shipped())}), got {spec!r}")
     return path
