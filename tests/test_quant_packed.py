@@ -2,7 +2,9 @@
 weight, recovered bit for bit from that copy, is what its state_dict, a store and the int8-dynamic form read, so
 outputs and stored files are those of layers that keep their weight; the LM head keeps its rows (a tied embedding
 and callers read them)."""
+import contextlib
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -141,3 +143,21 @@ def test_making_a_store_and_coupling_a_load_read_the_weights_held_never_unpacked
     assert held_weights(made.model) == held_weights(read.model) == expected_held(read.model)
     with torch.no_grad():
         assert torch.equal(made.model(IDS).logits, read.model(IDS).logits)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_layers_packed_on_the_pool_are_those_packed_one_by_one(monkeypatch, tied):
+    """`packing_in_parallel` (every quantization and store load) packs on its pool's threads, and each layer's
+    packed and coupled copy is the one made alone: same int8 weight, same outputs."""
+    threads, pack = set(), quant._pack
+    monkeypatch.setattr(quant, "_pack", lambda weight: threads.add(threading.get_ident()) or pack(weight))
+    pooled = quantize_int8(tiny(tied))
+    assert threads and threading.get_ident() not in threads  # packed on the pool, never by the caller
+    monkeypatch.setattr(quant, "packing_in_parallel", contextlib.nullcontext)  # one by one, as each layer is made
+    alone = quantize_int8(tiny(tied))
+    for (name, a), (_, b) in zip(pooled.named_modules(), alone.named_modules()):
+        if isinstance(a, Int8Linear):
+            assert a.packed is not None and torch.equal(a.int8_weight(), b.int8_weight()), name
+    with torch.inference_mode():
+        assert torch.equal(pooled(IDS).logits, alone(IDS).logits)
+        assert torch.equal(couple_rows(pooled)(IDS).logits, couple_rows(alone)(IDS).logits)

@@ -32,9 +32,12 @@ for bit, straight from a GGUF one tensor at a time (no float32 copy); `int8_from
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
+import threading
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -51,6 +54,7 @@ INT8_MAX = 127  # symmetric range [-127, 127]: -128 is never used, so negation i
 WEIGHT_LIMITS = (INT8_MAX, 63)  # weight ranges tried, widest first: 63 keeps 16-bit pair sums of u8 x s8 exact
 FBGEMM_MIN_ROWS = 1  # rows from which fbgemm beats torch._int_mm with weights read from memory (all, here)
 TINY = torch.finfo(torch.float32).tiny  # scale of an all-zero row (its quantized values are all 0)
+PACK_IN_FLIGHT = 4  # weights waiting for fbgemm's packing at most, inside `packing_in_parallel` (bounds memory)
 
 
 def _quantize_rows(x: torch.Tensor, limit: int = INT8_MAX) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,6 +123,38 @@ def weight_limit() -> int:
 def fbgemm_is_exact() -> bool:
     """Whether int8 layers quantized here run on fbgemm (exact sums for `weight_limit()`); else torch._int_mm."""
     return fbgemm_exact_for(weight_limit())
+
+
+_PACKING = threading.local()  # .pool, .pending: where `Int8Linear._take` packs inside `packing_in_parallel`
+
+
+@contextlib.contextmanager
+def packing_in_parallel():
+    """Inside: each int8 layer's fbgemm copy is made on a pool of torch's CPU threads while the next layer is
+    read (fbgemm packs one weight on one thread), every one done when the block ends; at most PACK_IN_FLIGHT
+    weights wait. Nested blocks pack on the outermost one's pool."""
+    if getattr(_PACKING, "pool", None) is not None:
+        yield
+        return
+    with ThreadPoolExecutor(max(torch.get_num_threads(), 1)) as pool:
+        _PACKING.pool, _PACKING.pending = pool, collections.deque()
+        try:
+            yield
+            while _PACKING.pending:
+                _PACKING.pending.popleft().result()
+        finally:
+            _PACKING.pool = None
+
+
+def _packed_soon(pack, *args) -> None:
+    """pack(*args) now, or on `packing_in_parallel`'s pool inside one (waiting while PACK_IN_FLIGHT are pending)."""
+    pool = getattr(_PACKING, "pool", None)
+    if pool is None:
+        pack(*args)
+        return
+    _PACKING.pending.append(pool.submit(pack, *args))
+    while len(_PACKING.pending) > PACK_IN_FLIGHT:
+        _PACKING.pending.popleft().result()
 
 
 def _same_sums(packed, weight: torch.Tensor) -> bool:
@@ -208,12 +244,18 @@ class Int8Linear(torch.nn.Module):
 
     def _take(self, weight: torch.Tensor) -> None:
         """Hold int8 `weight` [out, in] as fbgemm's packed copy where that is exact, and the weight itself only where
-        a product or a reader still needs it (a meta weight: a shell, nothing packed until loaded)."""
-        fits = not weight.is_meta and (not weight.numel() or int(weight.abs().max()) <= weight_limit())  # stored: wider
-        self.packed = _pack(weight) if fits and fbgemm_is_exact() else None
-        if self.packed is not None and not _same_sums(self.packed, weight):
-            self.packed = None  # never seen; a kernel path for this shape that is not exact falls back
+        a product or a reader still needs it (a meta weight: a shell, nothing packed until loaded); inside
+        `packing_in_parallel`, packed on its pool."""
         self.register_buffer("weight", weight)
+        self.packed = None
+        _packed_soon(self._pack_weight, weight)
+
+    def _pack_weight(self, weight: torch.Tensor) -> None:
+        fits = not weight.is_meta and (not weight.numel() or int(weight.abs().max()) <= weight_limit())  # stored: wider
+        packed = _pack(weight) if fits and fbgemm_is_exact() else None
+        if packed is not None and not _same_sums(packed, weight):
+            packed = None  # never seen; a kernel path for this shape that is not exact falls back
+        self.packed = packed
         self.release_weight()
 
     def _drops_weight(self) -> bool:
@@ -461,7 +503,8 @@ def int8_from_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> t
     embedding = gguf_read.module_name(model, model.get_input_embeddings())
     _int8_layers(model, stored_layer)
     set_embedding(model, stored_embedding(state, embedding))
-    model.load_state_dict(state, strict=True, assign=True)
+    with packing_in_parallel():
+        model.load_state_dict(state, strict=True, assign=True)
     return model
 
 
@@ -516,13 +559,14 @@ def _int8_layers(model: torch.nn.Module, layer, share_inputs: bool = True) -> to
     `modules` (a SHARED_INPUTS group when `share_inputs`, or one module); untie the head, which keeps its int8
     weight (`Int8Linear.keep_weight`: a tied embedding reads its rows, callers its values); make attention rowwise.
     Returns `model`."""
-    if share_inputs:
-        _share_inputs(model, layer)
-    names = [name for name, module in model.named_modules() if isinstance(module, (torch.nn.Linear, Conv1D))]
-    for name in names:  # one at a time, so each float32 weight is freed as soon as its int8 copy exists
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name)
-        setattr(parent, child, layer(name, [getattr(parent, child)]))
+    with packing_in_parallel():
+        if share_inputs:
+            _share_inputs(model, layer)
+        names = [name for name, module in model.named_modules() if isinstance(module, (torch.nn.Linear, Conv1D))]
+        for name in names:  # one at a time, so each float32 weight is freed as soon as its int8 copy exists
+            parent_name, _, child = name.rpartition(".")
+            parent = model.get_submodule(parent_name)
+            setattr(parent, child, layer(name, [getattr(parent, child)]))
     model.get_output_embeddings().keep_weight()
     model.config.tie_word_embeddings = False  # the head is its own (int8) copy now
     for config in (model.config, *[getattr(model.config, key) for key in model.config.sub_configs]):
@@ -558,9 +602,10 @@ def couple_rows(model: torch.nn.Module) -> torch.nn.Module:
     dozen, so the cheapest per-token form on CPUs with fbgemm, but rows are no longer computed alone: a draft's
     form (verification decides the output, so a draft's precision never changes it), never a target's.
     """
-    for module in model.modules():
-        if isinstance(module, Int8Linear):
-            module.couple_rows()
+    with packing_in_parallel():
+        for module in model.modules():
+            if isinstance(module, Int8Linear):
+                _packed_soon(module.couple_rows)
     for config in (model.config, *[getattr(model.config, key) for key in model.config.sub_configs]):
         if config is not None:
             config._attn_implementation = "sdpa"
