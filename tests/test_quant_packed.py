@@ -132,14 +132,16 @@ def test_an_int8_model_read_from_its_store_keeps_no_mapping_of_the_file(tmp_path
 def test_making_a_store_and_coupling_a_load_read_the_weights_held_never_unpacked(tmp_path, monkeypatch, dtype):
     """Unpacking a layer costs about what packing it does: a store is written from the weights kept while it is made
     (`quant.weights_kept`), and the int8-dynamic form is coupled from the weights just read, then they are dropped."""
-    unpacked = []
-    original = torch.ops.quantized.linear_unpack
+    unpacked, packed = [], []
+    original, pack = torch.ops.quantized.linear_unpack, quant._pack
     monkeypatch.setattr(torch.ops.quantized, "linear_unpack", lambda packed: unpacked.append(1) or original(packed))
+    monkeypatch.setattr(quant, "_pack", lambda weight: packed.append(1) or pack(weight))
     source = folder(tmp_path / "model", tied=True)
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     made = load_model(str(source), dtype=dtype)
     read = load_model(str(source), dtype=dtype)
     assert unpacked == [] and read.source == "cache (int8)"
+    assert (packed == []) == (dtype == "int8-dynamic")  # coupled layers pack their own copy only
     assert held_weights(made.model) == held_weights(read.model) == expected_held(read.model)
     with torch.no_grad():
         assert torch.equal(made.model(IDS).logits, read.model(IDS).logits)

@@ -153,7 +153,8 @@ def _load_quantized(spec, dtype, trust_remote_code, progress) -> LoadedModel:
     """The int8 or int4 model of `spec` in `dtype` ("int8", "int4", or "int8-dynamic": the int8 weights run by
     fbgemm's dynamic quantization)."""
     start = time.perf_counter()
-    with quant.weights_kept() if dtype == "int8-dynamic" else contextlib.nullcontext():  # coupled from the weights
+    # int8-dynamic: coupled from the weights as read, with no row-invariant packed copy made first
+    with quant.weights_kept(packed=False) if dtype == "int8-dynamic" else contextlib.nullcontext():
         name, path, source, made = _quantized(spec.strip(), dtype, trust_remote_code, progress)
         if dtype == "int8-dynamic":
             quant.couple_rows(made.model)

@@ -172,19 +172,23 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 _KEPT = [0]  # depth of `weights_kept`: above 0, layers keep their int8 weight beside fbgemm's copy
+_UNPACKED = [0]  # depth of `weights_kept(packed=False)`: above 0, layers make no row-invariant packed copy
 
 
 @contextlib.contextmanager
-def weights_kept():
+def weights_kept(packed: bool = True):
     """Within, int8 layers made or coupled keep their int8 weight beside fbgemm's packed copy, so what reads the
     weights next (a store's state_dict, `couple_rows`) takes them as they are instead of unpacking every layer again
     (about as slow as packing); `release_weights(model)` drops them after. Nested, the outermost one's release
-    counts (an inner release keeps them for what the outer one still reads)."""
+    counts (an inner release keeps them for what the outer one still reads). packed=False: no row-invariant
+    packed copy is made within, at all (a model about to be coupled: `couple_rows` packs its own)."""
     _KEPT[0] += 1
+    _UNPACKED[0] += not packed
     try:
         yield
     finally:
         _KEPT[0] -= 1
+        _UNPACKED[0] -= not packed
 
 
 def release_weights(model: torch.nn.Module) -> torch.nn.Module:
@@ -252,7 +256,7 @@ class Int8Linear(torch.nn.Module):
 
     def _pack_weight(self, weight: torch.Tensor) -> None:
         fits = not weight.is_meta and (not weight.numel() or int(weight.abs().max()) <= weight_limit())  # stored: wider
-        packed = _pack(weight) if fits and fbgemm_is_exact() else None
+        packed = _pack(weight) if fits and fbgemm_is_exact() and not _UNPACKED[0] else None
         if packed is not None and not _same_sums(packed, weight):
             packed = None  # never seen; a kernel path for this shape that is not exact falls back
         self.packed = packed
