@@ -149,3 +149,19 @@ def test_a_shallow_view_runs_the_first_layers_of_the_deep_model_and_shares_its_w
         assert not torch.equal(view(ids).logits, deep(ids).logits)
     assert deep.config.num_hidden_layers == 4 and len(deep.model.layers) == 4  # the deep model is untouched
     assert {p.data_ptr() for p in view.parameters()} <= {p.data_ptr() for p in deep.parameters()}
+
+
+@pytest.mark.parametrize("format_", ["int8", "int4"])
+def test_calibration_models_draw_their_codes_and_quantizing_afterwards_is_unchanged(format_):
+    """A format is timed on codes drawn for each weight's shape (`quant.random_codes`), not quantized from the
+    random floats: all levels used, finite outputs; outside the block a weight is quantized from its values."""
+    config = tiny_config("qwen2", hidden=64, layers=2)
+    drawn = formats.build(config, format_, 2)
+    codes = [m.int8_weight() for m in drawn.modules() if isinstance(m, quant.Int8Linear)]
+    limit = quant.weight_limit()
+    assert codes and all(int(c.min()) == -limit and int(c.max()) == limit for c in codes if c.numel() > 10_000)
+    with torch.inference_mode():
+        assert torch.isfinite(drawn(torch.tensor([[1, 2, 3]])).logits).all()
+    weight = torch.randn(8, 64)
+    assert torch.equal(quant.quantize_weight(weight)[0], torch.round(weight / (weight.abs().amax(1, keepdim=True)
+                                                                             / limit)).to(torch.int8))

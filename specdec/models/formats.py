@@ -185,7 +185,7 @@ def _time_each(original: torch.nn.Module, depth: int, formats, repeats: int) -> 
         if format_ == "int8-dynamic" and int8 is not None:
             model = quant.couple_rows(int8)  # the int8 model just timed, run by fbgemm's dynamic kernel: as to_format
         else:
-            model = to_format(copy.deepcopy(original).to(_dtype(format_)), format_)
+            model = _drawn(copy.deepcopy(original).to(_dtype(format_)), format_)
         timings.append(_timed(model, depth, format_, repeats))
         int8 = model if format_ == "int8" else None
         del model  # before the next format's copy is made: one format's model alive at a time
@@ -210,7 +210,14 @@ def _timed(deep: torch.nn.Module, depth: int, format_: str, repeats: int) -> For
 
 def build(config, format_: str, layers: int, device: str = "cpu") -> torch.nn.Module:
     """A random-weight model of `config`'s architecture with `layers` decoder layers, in `format_`, in eval mode."""
-    return to_format(random_model(config, layers, device).to(_dtype(format_)), format_)
+    return _drawn(random_model(config, layers, device).to(_dtype(format_)), format_)
+
+
+def _drawn(model: torch.nn.Module, format_: str) -> torch.nn.Module:
+    """A random-weight `model` in `format_`, its int8 and 4-bit codes drawn for each weight's shape rather than
+    quantized from its values (`quant.random_codes`): the same shapes, so the same timings, made in far less time."""
+    with quant.random_codes():
+        return to_format(model, format_)
 
 
 def random_model(config, layers: int, device: str = "cpu") -> torch.nn.Module:

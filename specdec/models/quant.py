@@ -167,8 +167,38 @@ def _same_sums(packed, weight: torch.Tensor) -> bool:
 
 def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[out, in] float -> (int8 [out, in] in [-W, W], float32 scale [out]), W = `weight_limit()`, row by row."""
-    weight_q, weight_scale = _quantize_rows(weight.detach().float(), weight_limit())
-    return weight_q.to(torch.int8), weight_scale
+    return _row_codes(weight, weight_limit())
+
+
+_RANDOM = threading.local()  # .generator: inside `random_codes`, where codes are drawn instead of quantized
+
+
+@contextlib.contextmanager
+def random_codes(seed: int = 0):
+    """Within, int8 and 4-bit weights are codes drawn at random for each weight's shape instead of quantized from its
+    values, scaled as a float weight of std in**-0.5 (what `specdec.models.formats` draws): a model that times as
+    the quantized one (timings depend on shapes, not values), made without a pass over every float weight."""
+    _RANDOM.generator = torch.Generator().manual_seed(seed)
+    try:
+        yield
+    finally:
+        _RANDOM.generator = None
+
+
+def drawn_codes(shape: tuple[int, int], low: int, high: int, dtype: torch.dtype) -> torch.Tensor | None:
+    """Codes in low..high of `shape` drawn inside `random_codes` (None outside: quantize the weight)."""
+    generator = getattr(_RANDOM, "generator", None)
+    return None if generator is None else torch.randint(low, high + 1, shape, generator=generator, dtype=dtype)
+
+
+def _row_codes(weight: torch.Tensor, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[M, K] float -> (int8 [M, K] in [-limit, limit], float32 scale [M]): quantized row by row (`_quantize_rows`),
+    or drawn inside `random_codes` (uniform codes of std limit/sqrt(3), the scale giving std K**-0.5)."""
+    codes = drawn_codes(tuple(weight.shape), -limit, limit, torch.int8)
+    if codes is None:
+        weight_q, weight_scale = _quantize_rows(weight.detach().float(), limit)
+        return weight_q.to(torch.int8), weight_scale
+    return codes, torch.full(weight.shape[:1], (3 / weight.shape[1]) ** 0.5 / limit)
 
 
 _KEPT = [0]  # depth of `weights_kept`: above 0, layers keep their int8 weight beside fbgemm's copy
@@ -347,8 +377,7 @@ class Int8Embedding(torch.nn.Module):
     def from_float(cls, weight: torch.Tensor) -> "Int8Embedding":
         """Its own int8 copy of a float table [num, dim], row by row in [-127, 127] (no kernel sums embeddings, so
         the full range whatever `weight_limit()`)."""
-        weight_q, weight_scale = _quantize_rows(weight.detach().float())
-        return cls(weight_q.to(torch.int8), weight_scale)
+        return cls(*_row_codes(weight, INT8_MAX))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.weight[ids].float() * self.weight_scale[ids].unsqueeze(-1)  # [..., dim] float32

@@ -57,7 +57,13 @@ class Int4Groups(NamedTuple):
 
 
 def groups_from_float(weight: torch.Tensor) -> Int4Groups:
-    """[rows, cols] float -> Int4Groups spanning each group's min..max in 16 levels."""
+    """[rows, cols] float -> Int4Groups spanning each group's min..max in 16 levels (inside `quant.random_codes`:
+    codes drawn for its shape, groups spanning ±sqrt(3 / cols), a float weight's std cols**-0.5)."""
+    codes = quant.drawn_codes(tuple(weight.shape), 0, CODE_MAX, torch.uint8)
+    if codes is not None:
+        rows, cols = weight.shape
+        scale = torch.full((rows, cols // GROUP_SIZE), 2 * (3 / cols) ** 0.5 / CODE_MAX)
+        return Int4Groups(codes, scale, scale * CODE_MAX / 2)
     grouped = weight.detach().float().unflatten(-1, (-1, GROUP_SIZE))  # [rows, cols / G, G]
     low, high = grouped.amin(-1), grouped.amax(-1)  # [rows, cols / G]
     scale = (high - low) / CODE_MAX
