@@ -151,15 +151,18 @@ def test_a_shallow_view_runs_the_first_layers_of_the_deep_model_and_shares_its_w
     assert {p.data_ptr() for p in view.parameters()} <= {p.data_ptr() for p in deep.parameters()}
 
 
-@pytest.mark.parametrize("format_", ["int8", "int4"])
-def test_calibration_models_draw_their_codes_and_quantizing_afterwards_is_unchanged(format_):
-    """A format is timed on codes drawn for each weight's shape (`quant.random_codes`), not quantized from the
-    random floats: all levels used, finite outputs; outside the block a weight is quantized from its values."""
-    config = tiny_config("qwen2", hidden=64, layers=2)
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+@pytest.mark.parametrize("format_", ["int8", "int8-dynamic", "int4"])
+def test_calibration_models_draw_their_codes_and_quantizing_afterwards_is_unchanged(format_, family):
+    """A format is timed on codes drawn for each weight's shape (`quant.random_codes`) on a model whose float
+    matrices were never filled: all levels used, no float matrix left, finite outputs; outside the block a weight is
+    quantized from its values."""
+    config = tiny_config(family, hidden=64, layers=2)
     drawn = formats.build(config, format_, 2)
     codes = [m.int8_weight() for m in drawn.modules() if isinstance(m, quant.Int8Linear)]
     limit = quant.weight_limit()
     assert codes and all(int(c.min()) == -limit and int(c.max()) == limit for c in codes if c.numel() > 10_000)
+    assert not [name for name, p in drawn.named_parameters() if p.dim() > 1 and p.is_floating_point()]
     with torch.inference_mode():
         assert torch.isfinite(drawn(torch.tensor([[1, 2, 3]])).logits).all()
     weight = torch.randn(8, 64)

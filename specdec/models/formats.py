@@ -43,7 +43,7 @@ from specdec.models.speed import apply_speed_levers
 
 FORMATS = ("float32", "bfloat16", "int8", "int8-dynamic", "int4")  # weight formats a model can run in here
 ROW_INVARIANT = ("int8", "int4")  # formats whose verification rows are bitwise one-token steps
-CPU_ONLY = ("int8", "int8-dynamic", "int4")  # formats with CPU kernels only
+CPU_ONLY = ("int8", "int8-dynamic", "int4")  # formats of integer codes, with CPU kernels only (timed on drawn codes)
 ROLES = ("target", "draft")
 LAYERS = (2, 6)  # depths timed; the model's depth is extrapolated from these two
 VERIFY_ROWS = 5  # rows of the timed verification forward (k = 4 drafts + the target's token)
@@ -170,22 +170,25 @@ def _choose(role: str, timings: list[FormatTiming], key: str, device: str, measu
 def time_formats(config, formats, *, device: str = "cpu", repeats: int = REPEATS) -> list[FormatTiming]:
     """Each format's one-token and VERIFY_ROWS-token forward at `config`'s depth, from random-weight models at the
     depths LAYERS (the two depths of a format interleaved by `specdec.core.timing.interleaved`, the fastest of
-    `repeats` kept: noise only adds). The random weights are drawn once, at the deeper depth; each format is a copy
-    of them (int8-dynamic: the int8 copy just timed, its rows coupled), and the shallower depth a view of that
-    copy's first layers (`at_depth`), so a format is quantized once and one format's model is alive at a time
-    besides the float32 original."""
-    original = random_model(config, max(LAYERS), device)
+    `repeats` kept: noise only adds). A float format is a copy of random weights drawn once, at the deeper depth;
+    an int8 or 4-bit one has its codes drawn (`_drawn`) on a fresh model whose float weights are never filled (nor
+    read); int8-dynamic is the int8 model just timed, its rows coupled. The shallower depth is a view of the deeper
+    model's first layers (`at_depth`), and one format's model is alive at a time besides the float32 original."""
+    deep = functools.partial(random_model, config, max(LAYERS), device)
+    floats = deep() if set(formats) - set(CPU_ONLY) else None  # drawn once, where a format reads it
     with quant.weights_kept():  # int8-dynamic couples the int8 model's weights as they are, never unpacked
-        return _time_each(original, config.num_hidden_layers, formats, repeats)
+        return _time_each(floats, deep, config.num_hidden_layers, formats, repeats)
 
 
-def _time_each(original: torch.nn.Module, depth: int, formats, repeats: int) -> list[FormatTiming]:
+def _time_each(floats: torch.nn.Module | None, deep, depth: int, formats, repeats: int) -> list[FormatTiming]:
     timings, int8 = [], None
     for format_ in formats:
         if format_ == "int8-dynamic" and int8 is not None:
             model = quant.couple_rows(int8)  # the int8 model just timed, run by fbgemm's dynamic kernel: as to_format
+        elif format_ in CPU_ONLY:
+            model = _drawn(deep(values=False), format_)
         else:
-            model = _drawn(copy.deepcopy(original).to(_dtype(format_)), format_)
+            model = _drawn(copy.deepcopy(floats).to(_dtype(format_)), format_)
         timings.append(_timed(model, depth, format_, repeats))
         int8 = model if format_ == "int8" else None
         del model  # before the next format's copy is made: one format's model alive at a time
@@ -210,7 +213,7 @@ def _timed(deep: torch.nn.Module, depth: int, format_: str, repeats: int) -> For
 
 def build(config, format_: str, layers: int, device: str = "cpu") -> torch.nn.Module:
     """A random-weight model of `config`'s architecture with `layers` decoder layers, in `format_`, in eval mode."""
-    return _drawn(random_model(config, layers, device).to(_dtype(format_)), format_)
+    return _drawn(random_model(config, layers, device, values=format_ not in CPU_ONLY).to(_dtype(format_)), format_)
 
 
 def _drawn(model: torch.nn.Module, format_: str) -> torch.nn.Module:
@@ -220,8 +223,9 @@ def _drawn(model: torch.nn.Module, format_: str) -> torch.nn.Module:
         return to_format(model, format_)
 
 
-def random_model(config, layers: int, device: str = "cpu") -> torch.nn.Module:
-    """A float32 model of `config`'s architecture with `layers` decoder layers and random unit-scale weights."""
+def random_model(config, layers: int, device: str = "cpu", values: bool = True) -> torch.nn.Module:
+    """A float32 model of `config`'s architecture with `layers` decoder layers and random unit-scale weights
+    (values=False: its matrices left unfilled, for a format that draws its own codes, `_drawn`)."""
     with no_init_weights():  # values are filled below, cheaply: timings depend on shapes, not values
         model = AutoModelForCausalLM.from_config(_config_at_depth(config, layers), dtype=torch.float32).eval()
     generator = torch.Generator().manual_seed(0)
@@ -229,7 +233,7 @@ def random_model(config, layers: int, device: str = "cpu") -> torch.nn.Module:
         for name, parameter in model.named_parameters():
             if parameter.dim() == 1:
                 parameter.fill_(0.0 if name.endswith("bias") else 1.0)  # norms 1, biases 0
-            else:
+            elif values:
                 parameter.normal_(0.0, parameter.shape[-1] ** -0.5, generator=generator)  # in place: no copy
     return model.to(device)
 
