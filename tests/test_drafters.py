@@ -157,3 +157,22 @@ def test_one_vocabulary_type_for_the_factory_the_loader_and_the_app(pair):
     assert built == {"auto": "TextBridgeDrafter", "as is": "LoadedModel", "text bridge": "TextBridgeDrafter",
                      "naive ids": "NaiveCrossVocabDrafter"}
     assert [str(mode) for mode in Vocabulary] == list(VOCABULARIES)
+
+
+def test_a_greedy_model_draft_stops_after_a_token_it_is_unsure_of(pair):
+    """SamplingPolicy.stop_below: greedy, the proposal ends after the first token the draft gives less probability
+    (k = "auto" sets it, `schedule.STOP_BELOW`); a fixed k, or sampling, drafts all n."""
+    target, draft = pair
+    context = [1, 5, 9, 13]
+    vocab = target.get_output_embeddings().weight.shape[0]
+    for stop_below, temperature, expected in ((0.0, 0.0, 6), (1.01, 0.0, 1), (1.01, 0.8, 6)):
+        policy = SamplingPolicy(temperature, 1.0, torch.Generator().manual_seed(0), vocab, stop_below)
+        proposal = ModelDrafter(draft).propose(context, 6, policy)
+        assert len(proposal.token_ids) == proposal.forwards == len(proposal.p_draft) == expected
+    probs = ModelDrafter(draft).propose(context, 6, SamplingPolicy(0.0, 1.0, torch.Generator(), vocab)).p_draft
+    chosen = probs.max(-1).values  # [6]: greedy takes each row's argmax
+    threshold = float(chosen[2]) + 1e-6  # just above the third token's probability
+    policy = SamplingPolicy(0.0, 1.0, torch.Generator(), vocab, threshold)
+    stopped = ModelDrafter(draft).propose(context, 6, policy)
+    assert len(stopped.token_ids) == next(i + 1 for i, p in enumerate(chosen.tolist()) if p < threshold)
+

@@ -26,12 +26,13 @@ from specdec.core.verify import logits_to_probs
 
 @dataclass
 class SamplingPolicy:
-    """How tokens are chosen, applied identically to draft and target."""
+    """How tokens are chosen, applied identically to draft and target (and where a greedy draft stops early)."""
 
     temperature: float  # 0 = greedy (top-1); > 0 = sampling with lossless verification
     top_p: float  # nucleus mass kept, 1.0 = off (ignored when greedy)
     generator: torch.Generator  # the one RNG of a generation (seeded => reproducible)
     vocab_size: int  # the target's vocabulary size: every distribution lives over it
+    stop_below: float = 0.0  # greedy: a model draft ends its proposal after a token it gives less probability
 
     @property
     def greedy(self) -> bool:
@@ -142,8 +143,10 @@ class ModelDrafter:
             tokens.append(token)
             rows.append(probs)
             feed = [token]
-        p_draft = torch.stack(rows) if rows else None  # [n, V_target]
-        return Proposal(tokens, p_draft, elapsed, n)
+            if policy.greedy and float(probs[token]) < policy.stop_below:
+                break  # unsure of this token: the ones after it would rarely pass
+        p_draft = torch.stack(rows) if rows else None  # [len, V_target]
+        return Proposal(tokens, p_draft, elapsed, len(tokens))
 
     def target_logits(self, logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
         """The draft's [V_draft] logits as [V_target] logits over the shared ids (`to_target_vocab`)."""

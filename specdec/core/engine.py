@@ -133,7 +133,7 @@ def _generate(target_model, drafter, input_ids, schedule, max_new_tokens, temper
               eos_token_id, tokenizer, costs, budget) -> Rounds:
     prompt = prepare_prompt(input_ids, target_model, tokenizer, max_new_tokens, schedule.k_max)
     budget.check_prompt(len(prompt))
-    policy = _policy(target_model, temperature, top_p, seed)
+    policy = _policy(target_model, temperature, top_p, seed, schedule.stop_below)
     eos = resolve_eos(target_model, eos_token_id)
     verifier = CachedLM(target_model)
     start = clock(verifier.device)
@@ -217,7 +217,7 @@ def _cut_at_eos(tokens: list[int], eos: set[int]) -> list[int]:
     return tokens[:end]
 
 
-def _policy(target_model, temperature: float, top_p: float, seed: int | None) -> SamplingPolicy:
+def _policy(target_model, temperature: float, top_p: float, seed: int | None, stop_below: float) -> SamplingPolicy:
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
     if not 0 < top_p <= 1:
@@ -225,4 +225,4 @@ def _policy(target_model, temperature: float, top_p: float, seed: int | None) ->
     generator = torch.Generator()
     generator.manual_seed(seed if seed is not None else int(torch.randint(2**62, (1,))))
     vocab_size = target_model.get_output_embeddings().weight.shape[0]
-    return SamplingPolicy(temperature, top_p, generator, vocab_size)
+    return SamplingPolicy(temperature, top_p, generator, vocab_size, stop_below)

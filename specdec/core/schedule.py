@@ -23,6 +23,10 @@ k = 0, and a draft left behind for long is looked at less often, as its catch-up
 LOOK_AFTER_MAX plain steps pass without a look (a catch-up that grows faster than the budget would otherwise end
 the looking for good), and while fewer than EVIDENCE draft positions have been judged (one unlucky first round)
 it looks again after LOOK_UNSURE. Until a round has been observed, k = K_AUTO_START.
+
+k is the most a round drafts: under greedy decoding a model draft ends its proposal after a token it gives less
+than STOP_BELOW probability (an unsure token rarely passes, and the ones drafted after it pass less often still:
+the confidence stop of Hugging Face's assisted generation). A fixed k always drafts k.
 """
 from __future__ import annotations
 
@@ -40,6 +44,7 @@ LOOK_AFTER_MAX = 128  # ... yet at most this many plain steps pass between two l
 EVIDENCE = 3.0  # draft positions judged (decayed) below which a verdict against drafting is not final ...
 LOOK_UNSURE = 8  # ... and the controller looks again after this many plain steps
 MARGIN = 0.05  # drafting must be predicted this much faster than a plain step to be chosen (noise, misprediction)
+STOP_BELOW = 0.4  # greedy, k="auto": a round's drafting ends after a token the draft gives less probability
 
 
 def mean_draft_length(rounds: list[Round]) -> int:
@@ -48,6 +53,8 @@ def mean_draft_length(rounds: list[Round]) -> int:
 
 
 class FixedK:
+    stop_below = 0.0  # a fixed k drafts k tokens, however unsure
+
     def __init__(self, k: int):
         self.k = self.k_max = k
 
@@ -84,6 +91,7 @@ class AdaptiveK:
     def __init__(self, costs: CostModel | None = None, k_max: int = K_AUTO_MAX):
         self.costs = costs  # calibrated v(n) and c: v's shape, and the prices until this run has measured its own
         self.k_max = k_max
+        self.stop_below = STOP_BELOW  # a round's drafting ends after a token the draft is this unsure of
         self.reached = [0.0] * k_max  # decayed count of rounds that reached draft position i
         self.accepted = [0.0] * k_max  # decayed count of rounds that accepted it
         self.plain_s = 0.0  # seconds of plain steps (k = 0) since the draft last drafted
