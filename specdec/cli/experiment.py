@@ -81,7 +81,8 @@ def run(args) -> int:
                    if isinstance(p.prompt, str)] or list(DEFAULT_TEXTS),
             distill=config_from(args), max_new_tokens=args.max_new_tokens,
             measure_max_new_tokens=args.measure_max_new_tokens, k=args.k, most_frequent=args.most_frequent,
-            generation_batch=args.generation_batch, samples=args.samples, sample_temperature=args.sample_temperature)
+            generation_batch=args.generation_batch, samples=args.samples, sample_temperature=args.sample_temperature,
+            draft_dtype=args.draft_dtype)
         rows = run_recipe(target, other, args.same_draft, settings, Path(args.out) / name, domain=name)
         print(f"\n{name}:\n{markdown(rows)}", flush=True)
     return 0

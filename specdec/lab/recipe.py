@@ -76,6 +76,7 @@ class RecipeSettings:
     generation_batch: int = 16  # training prompts the target continues per batched forward (1 = one at a time)
     samples: int = 1  # sampled target continuations per training prompt besides the greedy one (more contexts)
     sample_temperature: float = 0.8  # temperature of those samples (the target's own distribution, sharpened)
+    draft_dtype: str = "auto"  # format of each draft measured (auto: the fastest here; (f) slices a float head)
 
 
 @dataclass
@@ -152,7 +153,7 @@ def stage_inputs(target, other, same_draft: str, settings: RecipeSettings) -> di
         "distill": asdict(settings.distill),
         "prune": {"most_frequent": settings.most_frequent},
         "measure": {"held-out prompts": _digest(settings.held_out), "same draft": same_draft, "k": settings.k,
-                    "measure_max_new_tokens": settings.measure_max_new_tokens},
+                    "measure_max_new_tokens": settings.measure_max_new_tokens, "draft_dtype": settings.draft_dtype},
     }
 
 
@@ -271,16 +272,21 @@ def measure(target, other, same_draft: str, settings: RecipeSettings, folder: Pa
     baseline = trials.baseline
     distilled = folder / "distill" / "draft"
     pruned = f"{distilled}{VOCAB_SEPARATOR}{folder / 'prune' / 'vocabulary.json'}"
-    load = lambda name: load_model(name, dtype=target.dtype)  # noqa: E731
+    # every draft in the format measured fastest here for a draft (its precision never changes the output), so
+    # the rows compare drafts, not formats; a pruned vocabulary slices a float head: (f) in the target's format
+    load = lambda name: load_model(name, dtype=settings.draft_dtype, role="draft")  # noqa: E731
+    foreign = lambda: load(str(other.path))  # noqa: E731 - the other draft as it drafts, not as it was transplanted
     contenders = [
-        (f"(a) {Path(same_draft).name}", "target's", lambda: load_draft(same_draft, target, bridge=Vocabulary.AS_IS)),
-        (f"(b) {other.name}, ids fed naively", f"{other.name}'s", lambda: NaiveCrossVocabDrafter(other)),
+        (f"(a) {Path(same_draft).name}", "target's",
+         lambda: load_draft(same_draft, target, dtype=settings.draft_dtype, bridge=Vocabulary.AS_IS)),
+        (f"(b) {other.name}, ids fed naively", f"{other.name}'s", lambda: NaiveCrossVocabDrafter(foreign())),
         (f"(c) {other.name} via text bridge", f"{other.name}'s",
-         lambda: TextBridgeDrafter(other, target.tokenizer)),
+         lambda: TextBridgeDrafter(foreign(), target.tokenizer)),
         (f"(d) {other.name} transplanted by string", "target's (hard-cloned)",
          lambda: load(str(folder / "transplant"))),
         ("(e) (d) distilled", "target's (hard-cloned)", lambda: load(str(distilled))),
-        ("(f) (e) with a pruned vocabulary", "target's, pruned", lambda: from_spec(pruned, target, load=load)),
+        ("(f) (e) with a pruned vocabulary", "target's, pruned",
+         lambda: from_spec(pruned, target, load=lambda name: load_model(name, dtype=target.dtype))),
     ]
     rows = [Row("target alone", "target's", math.nan, 1.0, 0.0, 1.0, 1.0, _ms_per_token(baseline),
                 f"{len(held_out)}/{len(held_out)}")]
