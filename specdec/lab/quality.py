@@ -27,7 +27,6 @@ tab and `profile` show beside the target's weight format (this machine's measure
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timezone
@@ -37,7 +36,7 @@ from typing import Callable
 import torch
 
 from specdec.core import files, hardware
-from specdec.core.inputs import parse_json, unwrap
+from specdec.core.inputs import unwrap
 from specdec.core.suites import Prompt, encode, load_suite
 from specdec.models import cache
 from specdec.models.loading import LoadedModel
@@ -51,6 +50,7 @@ BIAS = ("the reference chose every token of this text (its argmax at each step),
         "larger than it would be there; agreement counts positions on the reference's path only")
 CACHE_FOLDER = "quality"  # under the specdec cache: the reference continuations
 RECORDS_FOLDER = "quality-records"  # under the specdec cache: the pooled row of each run here, by candidate
+RECORD_FORMAT, RECORD_VERSION = "specdec quality record", 1  # the header of a QualityRecord file (`files.read_json`)
 SHIPPED = files.ASSETS / "quality"  # records that ship with the code: the default target's formats
 
 
@@ -251,7 +251,7 @@ def record_of(report: QualityReport) -> QualityRecord:
 def save_record(record: QualityRecord, folder: Path | None = None) -> Path:
     """Keep `record` under the cache (`folder` overrides), replacing an earlier one of the same candidate."""
     path = (folder or cache.root() / RECORDS_FOLDER) / f"{record.candidate.replace(' ', '-')}.json"
-    files.write_text(path, json.dumps(asdict(record), indent=1))
+    files.write_json(path, {"format": RECORD_FORMAT, "version": RECORD_VERSION, **asdict(record)})
     return path
 
 
@@ -268,11 +268,13 @@ def records_for(name: str, folders: list[Path] | None = None) -> list[QualityRec
 
 
 def _read_record(path: Path) -> QualityRecord | None:
+    names = [f.name for f in fields(QualityRecord)]
     try:
-        data = parse_json(path.read_text(encoding="utf-8"))
-        return QualityRecord(**{f.name: data[f.name] for f in fields(QualityRecord)})
-    except (OSError, ValueError, KeyError, TypeError):
+        data = files.read_json(path, "quality record", RECORD_FORMAT, RECORD_VERSION, names,
+                               "`python -m specdec quality` writes one")
+    except ValueError:
         return None
+    return QualityRecord(**{name: data[name] for name in names})
 
 
 def quality_lines(name: str, folders: list[Path] | None = None) -> list[str]:
