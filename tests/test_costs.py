@@ -5,10 +5,14 @@ import pytest
 import torch
 
 from specdec import autoregressive_generate, speculative_generate
-from specdec.core import theory
+from specdec.core import hardware, theory
 from specdec.core.costmodel import CostModel, TargetCosts, assumed_costs
 from specdec.core.trace import GenerationResult, ROUNDING_NOISE, Round, explain_divergence
+from specdec.costs import calibration
 from specdec.costs.calibration import cached_costs, calibrate
+from specdec.models import formats, quant
+from specdec.models.loading import LoadedModel
+from specdec.models.quant4 import quantize_int4
 from specdec.testing import perturbed_copy, tiny_model
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12]
@@ -100,6 +104,25 @@ def test_calibration_key_follows_threads_and_dtype(pair, tmp_path):
     assert calibrate(bf16_target, bf16_draft, n_max=3, repeats=1, cache_dir=tmp_path).measured_now
     assert not calibrate(target.float(), draft.float(), n_max=3, repeats=1, cache_dir=tmp_path).measured_now
     assert base.target.key != ""
+
+
+def test_calibration_key_follows_the_weight_format_the_cpu_and_the_kernel_path(tmp_path, monkeypatch):
+    """int8, int8-dynamic and int4 run other kernels with float32 norms alike: each format is its own entry, as is
+    another CPU (model or flags) and another int8 kernel path; a repeat reads its entry back."""
+    made = {"float32": tiny_model("llama", seed=0)}
+    made["int8"] = quant.quantize_int8(copy.deepcopy(made["float32"]))
+    made["int8-dynamic"] = quant.couple_rows(quant.quantize_int8(copy.deepcopy(made["float32"])))
+    made["int4"] = quantize_int4(copy.deepcopy(made["float32"]))
+    assert {name: formats.format_of(model) for name, model in made.items()} == {name: name for name in made}
+    same = lambda model: LoadedModel("m", model, None, "test", tmp_path / "m", "float32")  # noqa: E731 one name
+    keys = {calibrate(same(model), n_max=2, repeats=1, cache_dir=tmp_path).target.key for model in made.values()}
+    assert len(keys) == len(made)
+    int8 = same(made["int8"])
+    assert not calibrate(int8, n_max=2, repeats=1, cache_dir=tmp_path).measured_now
+    monkeypatch.setattr(calibration, "kernel_path", lambda: "fbgemm/63")
+    assert calibrate(int8, n_max=2, repeats=1, cache_dir=tmp_path).measured_now
+    monkeypatch.setattr(hardware, "cpu", lambda: {"model": "Another CPU", "flags": ["avx2"]})
+    assert calibrate(int8, n_max=2, repeats=1, cache_dir=tmp_path).measured_now
 
 
 def test_stats_price_rounds_with_the_calibrated_costs(pair):

@@ -81,13 +81,13 @@ def test_compile_lever_routes_int8_gemms_through_a_traceable_op_with_the_same_bi
     layers = [m for m in target.modules() if getattr(m, "packed", None) is not None]
     packed = [layer.packed for layer in layers]
     expected = CachedLM(target).forward(CONTEXT, logits_to_keep=3)[0]
-    calls, op = [], levers._fbgemm_op
-    monkeypatch.setattr(levers, "_fbgemm_op", lambda x_q, key: calls.append(key) or op(x_q, key))
+    calls, op = [], levers._packed_op
+    monkeypatch.setattr(levers, "_packed_op", lambda x_q, key: calls.append(key) or op(x_q, key))
     with levers.compiled_forward(target):
         assert all(isinstance(layer.packed, levers.TraceablePacked) for layer in layers)
         assert torch.equal(CachedLM(target).forward(CONTEXT, logits_to_keep=3)[0], expected)
     assert len(calls) == len(layers)  # every int8 GEMM went through the custom op
-    assert [layer.packed for layer in layers] == packed and quant._fbgemm_mm is levers._FBGEMM_MM  # all restored
+    assert [layer.packed for layer in layers] == packed and quant._packed_mm is levers._PACKED_MM  # all restored
 
 
 def test_identity_names_the_first_differing_token():
@@ -102,7 +102,8 @@ def test_breakdown_groups_partition_the_profiled_total(new_tokens):
     assert set(result.groups) == set(breakdown.GROUPS)
     assert sum(result.groups.values()) == pytest.approx(result.total_s, rel=1e-9)
     assert result.groups["GEMM"] > 0 and result.groups["cache ops"] > 0 and result.groups["attention"] > 0
-    assert result.ops.get(("quantized::linear_dynamic", "GEMM"), 0) > 0 or result.ops.get(("aten::_int_mm", "GEMM"), 0) > 0
+    kernels = ("quantized::linear_dynamic", "onednn::qlinear_pointwise", "aten::_int_mm")  # whichever runs here
+    assert any(result.ops.get((kernel, "GEMM"), 0) > 0 for kernel in kernels)
 
 
 def test_ops_are_grouped_by_name_and_enclosing_module():

@@ -2,6 +2,7 @@
 bit, the logits of n one-token steps, so greedy speculative output equals the int8 target alone, near-ties
 included."""
 import copy
+import time
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from specdec import autoregressive_generate, speculative_generate
 from specdec.core.kv import CachedLM
 from specdec.core.trace import ROUNDING_NOISE
 from specdec.models import apply_speed_levers, load_draft, load_model, quant
-from specdec.models.quant import (Int8Embedding, Int8Linear, ROWWISE_ATTENTION, fbgemm_is_exact, quantize_int8,
+from specdec.models.quant import (Int8Embedding, Int8Linear, ROWWISE_ATTENTION, quantize_int8,
                                   rowwise_attention)
 from specdec.testing import perturbed_copy, tiny_config, tiny_folder, tiny_model
 
@@ -44,21 +45,53 @@ def test_int8_linear_row_i_of_m_rows_is_row_i_alone(shape):
     assert torch.allclose(layer(x), reference, rtol=0.05, atol=0.05 * reference.abs().max().item())
 
 
-@pytest.mark.skipif(not fbgemm_is_exact(), reason="fbgemm saturates int16 pair sums here (no VNNI)")
-def test_fbgemm_and_int_mm_give_the_same_exact_sums():
+@pytest.mark.parametrize("kernel", quant.KERNELS)
+def test_each_packed_kernel_exact_here_gives_torch_int_mm_sums_and_its_weight_back(kernel):
+    limit = quant.weight_limit()
+    if not quant.exact_for(kernel, limit):
+        pytest.skip(f"{kernel} does not sum {limit}-bounded weights exactly here")
     torch.manual_seed(0)
-    weight = torch.randint(-127, 128, (300, 200), dtype=torch.int8)
-    packed = quant._pack(weight)
+    weight = torch.randint(-limit, limit + 1, (300, 200), dtype=torch.int8)
+    packed = quant._part(kernel, "pack")(weight)
     for rows in range(1, 18):
         x_q = torch.randint(-127, 128, (rows, 200)).float()
         x_q[0] = 127  # extremes
-        assert torch.equal(quant._fbgemm_mm(x_q, packed), quant._int_mm(x_q, weight))
+        assert torch.equal(quant._packed_mm(kernel, x_q, packed), quant._int_mm(x_q, weight))
+    assert torch.equal(quant._part(kernel, "unpack")(packed), weight)
+
+
+def test_each_shape_runs_the_fastest_exact_kernel_measured_here_once_per_machine(monkeypatch, tmp_path):
+    """Timed on this machine (never read off flags) once per weight shape, the choice kept with the machine's
+    description: a kernel slower here for that shape, or inexact, is not chosen."""
+    exact = quant.exact_kernels()
+    if len(exact) < 2:
+        pytest.skip("fewer than two exact packed kernels here")
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(quant, "_CHOSEN", {})
+    fast, slow = exact[0], exact[1]
+    mm = quant._part(slow, "mm")
+
+    def slower(x_q, packed):
+        time.sleep(0.002)  # slower than any product of the probe's shape
+        return mm(x_q, packed)
+
+    monkeypatch.setattr(quant, quant.KERNELS[slow].mm, slower)
+    timed = []
+    fastest = quant._fastest
+    monkeypatch.setattr(quant, "_fastest", lambda kernels, shape: timed.append(shape) or fastest(kernels, shape))
+    assert quant.kernel_for((96, 64)) == fast and quant.kernel_for((96, 64)) == fast and timed == [(96, 64)]
+    quant._CHOSEN.clear()  # another process on this machine reads the choice back
+    assert quant.kernel_for((96, 64)) == fast and timed == [(96, 64)]
+    quant.forget_kernel_choices()  # --recalibrate
+    monkeypatch.setattr(quant, "exact_for", lambda kernel, limit: kernel == slow)
+    assert quant.kernel_for((96, 64)) == slow  # the only exact one, however slow
+    assert quant.kernel_path() == f"{slow}/{quant.weight_limit()}"
 
 
 def without_packed_copy(layer: Int8Linear) -> Int8Linear:
     """`layer`'s int8 weight, scales and bias in a layer with no packed copy: torch._int_mm on the weight it holds."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(quant, "fbgemm_is_exact", lambda: False)
+        patch.setattr(quant, "kernel_for", lambda shape: None)
         plain = Int8Linear.from_quantized(layer.int8_weight(), layer.weight_scale, layer.bias)
     assert plain.packed is None and not plain.weight.is_meta
     return plain
@@ -66,12 +99,13 @@ def without_packed_copy(layer: Int8Linear) -> Int8Linear:
 
 @pytest.mark.parametrize("min_rows", [1, 4, 100])
 def test_int8_linear_bits_do_not_depend_on_the_kernel(monkeypatch, min_rows):
-    """fbgemm from min_rows rows on, torch._int_mm below, or _int_mm only (no packed copy): the same bits."""
+    """The packed kernel from min_rows rows on, torch._int_mm below, or _int_mm only (no packed copy): the same
+    bits."""
     torch.manual_seed(0)
     layer = Int8Linear(torch.randn(96, 64), torch.randn(96))
     x = torch.randn(7, 64)
     expected = layer(x)
-    monkeypatch.setattr(quant, "FBGEMM_MIN_ROWS", min_rows)
+    monkeypatch.setattr(quant, "PACKED_MIN_ROWS", min_rows)
     assert torch.equal(layer(x), expected)
     assert rows_alone_equal(layer, x[None])
     assert torch.equal(without_packed_copy(layer)(x), expected)
@@ -322,10 +356,10 @@ def test_the_app_runs_the_int8_path_through_its_pool(tmp_path):
     assert result.token_ids == autoregressive_generate(target, "def print the", max_new_tokens=8).token_ids
 
 
-def _saturating_fbgemm_mm(x_q: torch.Tensor, packed) -> torch.Tensor:
-    """fbgemm's int8 GEMM as AVX2 without VNNI computes it: u8 x s8 products summed in pairs with int16
-    saturation (vpmaddubsw), then in int32; the zero point 128 of x + 128 corrected exactly afterwards."""
-    weight = torch.ops.quantized.linear_unpack(packed)[0].int_repr().long()  # [N, K]
+def _saturating_mm(x_q: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """An int8 GEMM as AVX2 without VNNI computes it: u8 x s8 products summed in pairs with int16 saturation
+    (vpmaddubsw), then in int32; the zero point 128 of x + 128 corrected exactly afterwards."""
+    weight = weight.long()  # [N, K]
     u = (x_q.long() + 128)  # [M, K] in [1, 255]
     products = u[:, None, :] * weight[None, :, :]  # [M, N, K]
     if products.shape[-1] % 2:
@@ -336,22 +370,27 @@ def _saturating_fbgemm_mm(x_q: torch.Tensor, packed) -> torch.Tensor:
 
 @pytest.fixture
 def avx2_without_vnni(monkeypatch):
-    """This machine's fbgemm replaced by one that saturates 16-bit pair sums, the exactness probes measured again."""
-    monkeypatch.setattr(quant, "_fbgemm_mm", _saturating_fbgemm_mm)
-    quant.fbgemm_exact_for.cache_clear()
+    """This machine's packed kernels replaced by ones that saturate 16-bit pair sums, the exactness probes and the
+    kernel choice measured again."""
+    for kernel in quant.KERNELS.values():
+        unpack = getattr(quant, kernel.unpack)
+        monkeypatch.setattr(quant, kernel.mm, lambda x_q, packed, unpack=unpack: _saturating_mm(x_q, unpack(packed)))
+    quant.exact_for.cache_clear()
     yield
-    quant.fbgemm_exact_for.cache_clear()
+    quant.exact_for.cache_clear()
 
 
 def test_a_saturating_kernel_is_measured_inexact_for_8_bit_weights_and_exact_for_7(avx2_without_vnni):
-    assert not quant.fbgemm_exact_for(127) and quant.fbgemm_exact_for(63)
-    assert quant.weight_limit() == 63 and quant.fbgemm_is_exact()
+    for kernel in quant.KERNELS:
+        assert not quant.exact_for(kernel, 127) and quant.exact_for(kernel, 63)
+    assert quant.weight_limit() == 63 and quant.kernel_for((96, 64)) in quant.KERNELS
+    assert quant.kernel_path().endswith("/63")
 
 
 def test_without_vnni_int8_layers_keep_7_bit_weights_on_the_fast_kernel_row_invariant(avx2_without_vnni):
     torch.manual_seed(0)
     layer = Int8Linear(torch.randn(96, 64), torch.randn(96))
-    assert int(layer.int8_weight().abs().max()) == 63 and layer.packed is not None  # fbgemm, never the slow fallback
+    assert int(layer.int8_weight().abs().max()) == 63 and layer.packed is not None  # packed, never the slow fallback
     x = torch.randn(1, 9, 64) * torch.logspace(-2, 2, 9)[None, :, None]
     assert rows_alone_equal(layer, x)
     fast = layer(x)

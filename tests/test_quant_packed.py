@@ -1,4 +1,4 @@
-"""An int8 layer whose products fbgemm computes holds only fbgemm's packed copy (specdec.models.quant): its int8
+"""An int8 layer whose products a packed kernel computes holds only its packed copy (specdec.models.quant): its int8
 weight, recovered bit for bit from that copy, is what its state_dict, a store and the int8-dynamic form read, so
 outputs and stored files are those of layers that keep their weight; the LM head keeps its rows (a tied embedding
 and callers read them)."""
@@ -12,11 +12,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from specdec.models import load_model, quant
-from specdec.models.quant import Int8Linear, couple_rows, fbgemm_is_exact, quantize_int8
+from specdec.models.quant import Int8Linear, couple_rows, exact_kernels, quantize_int8
 from specdec.models.quant4 import quantize_int4
 from specdec.testing import tiny_config, tiny_tokenizer
 
-pytestmark = pytest.mark.skipif(not fbgemm_is_exact(), reason="no exact fbgemm here: every layer keeps its weight")
+pytestmark = pytest.mark.skipif(not exact_kernels(), reason="no exact packed kernel here: every layer keeps its weight")
 IDS = torch.tensor([[1, 5, 9, 13, 7, 4, 8]])  # [1, 7]
 QUANTIZERS = {"int8": quantize_int8, "int4": quantize_int4}
 
@@ -42,9 +42,10 @@ def folder(path: Path, tied: bool) -> Path:
 
 
 def keeping_weights(monkeypatch):
-    """Quantize or load as if fbgemm computed only products of 2 rows or more: every layer keeps its weight, as
-    every layer did before packed copies replaced them (the forward is then fbgemm's as well, see `restored`)."""
-    monkeypatch.setattr(quant, "FBGEMM_MIN_ROWS", 2)
+    """Quantize or load as if the packed kernel computed only products of 2 rows or more: every layer keeps its
+    weight, as every layer did before packed copies replaced them (the forward is then the kernel's as well, see
+    `restored`)."""
+    monkeypatch.setattr(quant, "PACKED_MIN_ROWS", 2)
 
 
 def expected_held(model: torch.nn.Module) -> dict[str, int]:
@@ -71,7 +72,7 @@ def test_the_int8_weight_is_recovered_bit_for_bit_from_the_packed_and_the_couple
 def test_quantized_and_coupled_layers_hold_no_int8_weight_beside_their_packed_copy(form, tied):
     model = QUANTIZERS[form](tiny(tied))
     assert held_weights(model) == expected_held(model)
-    assert any(m.packed is not None for m in model.modules() if isinstance(m, Int8Linear))  # fbgemm runs them
+    assert any(m.packed is not None for m in model.modules() if isinstance(m, Int8Linear))  # the packed kernel runs them
     if tied:  # the embedding reads the head's rows in place
         assert model.get_input_embeddings().weight.data_ptr() == model.get_output_embeddings().weight.data_ptr()
     couple_rows(model)
@@ -90,7 +91,7 @@ def test_outputs_state_and_coupled_outputs_are_those_of_layers_that_keep_their_w
     assert list(state) == list(kept_state) and all(torch.equal(state[k], kept_state[k]) for k in state)
     with torch.no_grad():
         assert torch.equal(packed(IDS).logits, kept(IDS).logits)
-        assert torch.equal(packed(IDS[:, :1]).logits, kept(IDS[:, :1]).logits)  # one row: fbgemm for both
+        assert torch.equal(packed(IDS[:, :1]).logits, kept(IDS[:, :1]).logits)  # one row: the packed kernel for both
         assert torch.equal(couple_rows(packed)(IDS).logits, couple_rows(kept)(IDS).logits)
 
 
@@ -133,9 +134,10 @@ def test_making_a_store_and_coupling_a_load_read_the_weights_held_never_unpacked
     """Unpacking a layer costs about what packing it does: a store is written from the weights kept while it is made
     (`quant.weights_kept`), and the int8-dynamic form is coupled from the weights just read, then they are dropped."""
     unpacked, packed = [], []
-    original, pack = torch.ops.quantized.linear_unpack, quant._pack
-    monkeypatch.setattr(torch.ops.quantized, "linear_unpack", lambda packed: unpacked.append(1) or original(packed))
-    monkeypatch.setattr(quant, "_pack", lambda weight: packed.append(1) or pack(weight))
+    for kernel in quant.KERNELS.values():
+        unpack, pack = getattr(quant, kernel.unpack), getattr(quant, kernel.pack)
+        monkeypatch.setattr(quant, kernel.unpack, lambda copy, unpack=unpack: unpacked.append(1) or unpack(copy))
+        monkeypatch.setattr(quant, kernel.pack, lambda weight, pack=pack: packed.append(1) or pack(weight))
     source = folder(tmp_path / "model", tied=True)
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     made = load_model(str(source), dtype=dtype)
@@ -151,8 +153,11 @@ def test_making_a_store_and_coupling_a_load_read_the_weights_held_never_unpacked
 def test_layers_packed_on_the_pool_are_those_packed_one_by_one(monkeypatch, tied):
     """`packing_in_parallel` (every quantization and store load) packs on its pool's threads, and each layer's
     packed and coupled copy is the one made alone: same int8 weight, same outputs."""
-    threads, pack = set(), quant._pack
-    monkeypatch.setattr(quant, "_pack", lambda weight: threads.add(threading.get_ident()) or pack(weight))
+    threads = set()
+    for kernel in quant.KERNELS.values():
+        pack = getattr(quant, kernel.pack)
+        monkeypatch.setattr(quant, kernel.pack,
+                            lambda weight, pack=pack: threads.add(threading.get_ident()) or pack(weight))
     pooled = quantize_int8(tiny(tied))
     assert threads and threading.get_ident() not in threads  # packed on the pool, never by the caller
     monkeypatch.setattr(quant, "packing_in_parallel", contextlib.nullcontext)  # one by one, as each layer is made

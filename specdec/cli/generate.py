@@ -33,7 +33,8 @@ def register(subparsers) -> None:
     p.add_argument("--baseline", action="store_true",
                    help="also run the target alone: measured speedup and an output-identity check")
     p.add_argument("--recalibrate", action="store_true",
-                   help="measure the verification cost v(n) and the draft cost c again (else cached per machine)")
+                   help="measure the verification cost v(n), the draft cost c and the int8 kernel of each weight shape "
+                        "again (else cached per machine)")
     p.add_argument("--costs", metavar="FILE",
                    help="a cost profile of another machine (`profile --save FILE`): also print the speedup predicted "
                         "there from this run's α̂ per draft position, next to the one measured here")

@@ -11,22 +11,21 @@ dtype's kernels). `calibrate` measures, for the loaded pair, dtype and thread co
 
 and `CostModel.predicted_speedup(alpha, k)` = E[tokens per round] / (v(k+1) + k*c)
 (`specdec.core.theory.predicted_speedup`). Results are cached as JSON under `$SPECDEC_CACHE/costs/`, one file
-per target (v) and one per (target, draft) pair (c), keyed by model identity, dtype, threads and
-machine; `recalibrate=True` measures again, and `cached_costs` reads the cache alone (None where nothing is).
+per target (v) and one per (target, draft) pair (c), keyed by model identity and weight format, the hardware
+(CPU model and flags, threads, torch) and the int8 kernel path; `recalibrate=True` measures again, and `cached_costs` reads the cache alone (None where nothing is).
 """
 from __future__ import annotations
 
 import functools
 import hashlib
 import json
-import platform
 import statistics
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from specdec.core import files
+from specdec.core import files, hardware
 from specdec.core.costmodel import CostModel, TargetCosts
 from specdec.core.drafter import Drafter, NoDraft, SamplingPolicy, as_drafter
 from specdec.core.forwards import forward_seconds, primed_cache, timing_context
@@ -34,13 +33,14 @@ from specdec.core.inputs import unwrap, vocab_size
 from specdec.core.limits import K_AUTO_MAX, Budget
 from specdec.core.timing import interleaved, medians
 from specdec.models import cache
-from specdec.models.quant import is_quantized
+from specdec.models.formats import format_of
+from specdec.models.quant import kernel_path
 from specdec.models.speed import set_rows_first
 
 REPEATS = 3  # timed forwards per size; the median is kept
 N_MAX = K_AUTO_MAX + 1  # largest verification size calibrated: k_max drafts plus the target's own token
 MEASURING = "measuring what verification and drafting cost on this machine"  # what a BudgetExceeded says
-METHOD = 3  # bump when what a calibration measures changes (3: rows-first chosen per size, target and draft)
+METHOD = 4  # bump when what a calibration measures changes (4: keyed by weight format, CPU flags, kernel path)
 
 
 def calibrate(target, draft=None, *, n_max: int = N_MAX, repeats: int = REPEATS, recalibrate: bool = False,
@@ -90,8 +90,9 @@ def _entries(target, draft, n_max: int, repeats: int, cache_dir) -> tuple:
     target_model, _ = unwrap(target, None)
     drafter = NoDraft() if draft is None else as_drafter(draft, target_model)
     folder = Path(cache_dir) if cache_dir is not None else _default_cache_dir()
-    target_key = _key("target", METHOD, _identity(target), n_max, repeats)
-    return target_model, drafter, folder, target_key, _key("draft", target_key, _drafter_identity(drafter))
+    device = str(next(target_model.parameters()).device)
+    target_key = _key("target", device, METHOD, _identity(target), n_max, repeats)
+    return target_model, drafter, folder, target_key, _key("draft", device, target_key, _drafter_identity(drafter))
 
 
 def _own_model(drafter: Drafter, target_model: torch.nn.Module) -> torch.nn.Module | None:
@@ -143,9 +144,10 @@ def measure_draft_step(target_model: torch.nn.Module, drafter: Drafter, repeats:
 
 
 def _identity(model_or_loaded) -> str:
-    """Name, folder and dtype of a LoadedModel; config hash, size and dtype of a bare module."""
+    """Name, folder and weight format of a LoadedModel; config hash, size and weight format of a bare module (the
+    format read off its layers, `formats.format_of`: int8, int8-dynamic and int4 run other kernels)."""
     model, _ = unwrap(model_or_loaded, None)
-    dtype = f"{next(model.parameters()).dtype}{'|int8' if is_quantized(model) else ''}"
+    dtype = format_of(model)
     if hasattr(model_or_loaded, "path"):
         return f"{model_or_loaded.name}|{model_or_loaded.path}|{dtype}"
     config = model.config.to_json_string(use_diff=False)
@@ -158,8 +160,10 @@ def _drafter_identity(drafter: Drafter) -> str:
     return "|".join([drafter.cost_key] + ([_identity(drafter.model)] if drafter.model is not None else []))
 
 
-def _key(kind: str, *parts) -> str:
-    machine = f"{platform.machine()}|{platform.processor()}|{torch.__version__}|threads={torch.get_num_threads()}"
+def _key(kind: str, device: str, *parts) -> str:
+    """A cache file's name: `kind` and a hash of `parts`, the hardware (CPU model and flags, threads, GPU, torch)
+    and the int8 kernel path measured (`quant.kernel_path`)."""
+    machine = json.dumps({**hardware.describe(device), "int8_kernel": kernel_path()}, sort_keys=True)
     text = "|".join(map(str, (kind, *parts, machine)))
     return f"{kind}-{hashlib.sha256(text.encode()).hexdigest()[:20]}"
 

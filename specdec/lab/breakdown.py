@@ -18,12 +18,13 @@ self time of its range, listed as "(Python in <range>)".
 The profiler slows Python down, so the shares matter more than the absolute milliseconds.
 
 The memory floor: a one-token step reads every weight once (`weight_bytes_per_step`); at this machine's read
-bandwidth (`read_bandwidth`, a sum over a buffer as large as those weights, far beyond any cache) that alone
+bandwidth (`read_bandwidth`, a matrix-vector product over a buffer far beyond any cache) that alone
 takes bytes / bandwidth, however fast the kernels, so no one-token step of this model in this format is faster.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -36,15 +37,18 @@ from specdec.core.forwards import forward_seconds, primed_cache
 from specdec.core.kv import CachedLM
 from specdec.core.timing import time_median, warm_up
 from specdec.models.quant import Int8Linear, Int8Slice
+from specdec.models.quant4 import Int4Linear
 
 GROUPS = ("GEMM", "linear overhead", "attention", "norms/rotary/elementwise", "cache ops", "other")
 LABEL = "specdec:"  # prefix of the record_function ranges this module opens
 GEMM_OPS = {"aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "aten::_int_mm", "aten::bmm",
-            "quantized::linear_dynamic"}
+            "quantized::linear_dynamic", "onednn::qlinear_pointwise", "aten::_weight_int4pack_mm_for_cpu"}
 ELEMENTWISE_OPS = {"aten::add", "aten::add_", "aten::mul", "aten::mul_", "aten::sub", "aten::neg", "aten::div",
                    "aten::rsqrt", "aten::pow", "aten::mean", "aten::silu", "aten::sigmoid", "aten::cos", "aten::sin",
                    "aten::exp", "aten::tanh", "aten::gelu"}
 TOP_OPS = 12  # ops listed by self time
+READ_BUFFER_MAX = 1 << 30  # bytes read to time memory reads at most: far beyond any cache, and spares memory
+READ_WIDTH = 4096  # columns of the matrix `read_bandwidth` multiplies a vector by
 
 
 @dataclass
@@ -139,10 +143,13 @@ def _enter(ranges: list, label: str) -> None:
 
 def weight_bytes_per_step(model: torch.nn.Module) -> int:
     """Bytes of weights one one-token forward reads: every linear layer (int8: a byte per weight plus a float32
-    scale per output row; else the weight's own dtype); embeddings excluded (a token reads one row)."""
+    scale per output row; int4: its packed codes and bf16 scales and zeros; else the weight's own dtype);
+    embeddings excluded (a token reads one row)."""
     total = 0
     for module in model.modules():
-        if isinstance(module, Int8Linear):
+        if isinstance(module, Int4Linear):
+            total += module.packed.numel() * module.packed.element_size() + 2 * module.scales_and_zeros.numel()
+        elif isinstance(module, Int8Linear):
             total += module.weight.numel() + 4 * module.out_features
         elif isinstance(module, (torch.nn.Linear, Conv1D)):
             total += module.weight.numel() * module.weight.element_size()
@@ -150,10 +157,15 @@ def weight_bytes_per_step(model: torch.nn.Module) -> int:
 
 
 def read_bandwidth(n_bytes: int, repeats: int = 5) -> float:
-    """Bytes per second this machine reads from memory: the median time to sum a float32 buffer of `n_bytes`."""
-    buffer = torch.ones(max(n_bytes // 4, 1))  # [n_bytes / 4]
-    warm_up(buffer.sum)
-    return buffer.numel() * 4 / time_median(buffer.sum, repeats, buffer.device)[1]
+    """Bytes per second this machine reads weights from memory: the median time of a float32 matrix-vector product
+    over a buffer of `n_bytes` (at most READ_BUFFER_MAX, already far beyond any cache), a one-token step's access
+    pattern (a plain sum over the same buffer reads slower: it is no floor for a step)."""
+    width = READ_WIDTH
+    matrix = torch.ones(max(min(n_bytes, READ_BUFFER_MAX) // (4 * width), 1), width)  # [bytes / 4 / width, width]
+    vector = torch.ones(width)  # [width]
+    product = functools.partial(torch.mv, matrix, vector)
+    warm_up(product)
+    return matrix.numel() * 4 / time_median(product, repeats, matrix.device)[1]
 
 
 def print_breakdown(title: str, breakdown: Breakdown) -> None:

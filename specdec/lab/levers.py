@@ -10,7 +10,7 @@ that overhead and can be switched on and off around any forward, so they are tim
   unchanged (a crop shortens the valid length; the next forward overwrites the dropped positions).
 - `compile`: `torch.compile` of the model's forward with dynamic shapes, so the number of new tokens and the cache
   length vary without a recompilation per step (pytorch.org/docs/stable/generated/torch.compile.html); an int8
-  model's fbgemm GEMMs enter the graph as one custom op each instead of splitting it.
+  model's packed int8 GEMMs enter the graph as one custom op each instead of splitting it.
 - `sdpa-math`: scaled_dot_product_attention's math backend instead of the kernel torch picks
   (`torch.nn.attention.sdpa_kernel`).
 
@@ -114,52 +114,53 @@ def preallocated_cache(model: torch.nn.Module):
         _restore(model, CACHE_CLASS_FLAG, before)
 
 
-_PACKED: list = []  # fbgemm's packed int8 weights, by the index their TraceablePacked key holds
-_FBGEMM_MM = quant._fbgemm_mm  # the eager kernel call
+_PACKED: list = []  # (kernel, packed int8 weight) of each traced layer, by the index its TraceablePacked key holds
+_PACKED_MM = quant._packed_mm  # the eager kernel call
 
 
 @dataclass(frozen=True)
 class TraceablePacked:
-    """Stands in for an Int8Linear's fbgemm weight while compiled: dynamo cannot trace fbgemm's packed weight (a
-    TorchScript object) into a graph, so every int8 Linear would split the graph; a tensor key can be traced."""
+    """Stands in for an Int8Linear's packed weight while compiled: dynamo cannot trace a packed weight (fbgemm's is
+    a TorchScript object) into a graph, so every int8 Linear would split the graph; a tensor key can be traced."""
 
     key: torch.Tensor  # [out_features] int64, every entry the weight's index in _PACKED
 
 
-@torch.library.custom_op("specdec::fbgemm_mm", mutates_args=())
-def _fbgemm_op(x_q: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
-    """quant._fbgemm_mm(x_q [M, K], the packed weight `key` names) -> exact sums [M, N], as one op of the graph."""
-    return _FBGEMM_MM(x_q, _PACKED[int(key[0])])
+@torch.library.custom_op("specdec::packed_mm", mutates_args=())
+def _packed_op(x_q: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """quant._packed_mm(x_q [M, K], the packed weight `key` names) -> exact sums [M, N], as one op of the graph."""
+    kernel, packed = _PACKED[int(key[0])]
+    return _PACKED_MM(kernel, x_q, packed)
 
 
-@_fbgemm_op.register_fake
+@_packed_op.register_fake
 def _(x_q: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
     return x_q.new_empty((x_q.shape[0], key.shape[0]))  # [M, N]
 
 
-def _traceable_fbgemm_mm(x_q: torch.Tensor, packed) -> torch.Tensor:
-    """quant._fbgemm_mm while the compile lever is on: a TraceablePacked goes through the custom op."""
+def _traceable_packed_mm(kernel: str, x_q: torch.Tensor, packed) -> torch.Tensor:
+    """quant._packed_mm while the compile lever is on: a TraceablePacked goes through the custom op."""
     if isinstance(packed, TraceablePacked):
-        return _fbgemm_op(x_q, packed.key)
-    return _FBGEMM_MM(x_q, packed)
+        return _packed_op(x_q, packed.key)
+    return _PACKED_MM(kernel, x_q, packed)
 
 
 @contextlib.contextmanager
 def _traceable_int8(model: torch.nn.Module):
-    """Inside the block `model`'s fbgemm int8 Linears hold TraceablePacked keys (made once per layer)."""
+    """Inside the block `model`'s packed int8 Linears hold TraceablePacked keys (made once per layer)."""
     layers = [m for m in model.modules() if isinstance(m, quant.Int8Linear) and m.packed is not None]
     for layer in layers:
         if not hasattr(layer, "specdec_traceable"):
-            _PACKED.append(layer.packed)
+            _PACKED.append((layer.kernel, layer.packed))
             layer.specdec_traceable = TraceablePacked(torch.full((layer.out_features,), len(_PACKED) - 1))
         layer.packed = layer.specdec_traceable
-    quant._fbgemm_mm = _traceable_fbgemm_mm
+    quant._packed_mm = _traceable_packed_mm
     try:
         yield
     finally:
-        quant._fbgemm_mm = _FBGEMM_MM
+        quant._packed_mm = _PACKED_MM
         for layer in layers:
-            layer.packed = _PACKED[int(layer.specdec_traceable.key[0])]
+            layer.packed = _PACKED[int(layer.specdec_traceable.key[0])][1]
 
 
 @contextlib.contextmanager
@@ -169,7 +170,7 @@ def compiled_forward(model: torch.nn.Module, mode: str = COMPILE_MODE):
 
     Dynamo caches graphs per code object, and transformers' decorators wrap every forward in the same wrapper code,
     so the default limit of 8 graphs per code object runs out and the rest falls back to eager; RECOMPILE_LIMIT
-    raises it inside the block. An int8 model's fbgemm GEMMs enter the graph as one custom op each (_traceable_int8).
+    raises it inside the block. An int8 model's packed GEMMs enter the graph as one custom op each (_traceable_int8).
     """
     compiled = getattr(model, "specdec_compiled_forward", None)
     if compiled is None:

@@ -38,9 +38,8 @@ import torch
 from specdec.core import files, hardware
 from specdec.core.inputs import unwrap
 from specdec.core.suites import Prompt, encode, load_suite
-from specdec.models import cache
+from specdec.models import cache, formats
 from specdec.models.loading import LoadedModel
-from specdec.models.quant import is_quantized
 from specdec.training.distill import Example, cached_examples
 
 POOLED = "pooled"  # category name of the row over every prompt
@@ -114,11 +113,10 @@ def read_prompts(spec: str, split: str | None = "heldout") -> list[Prompt]:
 
 
 def describe(model) -> str:
-    """"name dtype" of a LoadedModel ("int8" for the integer path); class name and parameter dtype of a bare model."""
+    """"name format" of a LoadedModel; class name and weight format (`formats.format_of`) of a bare model."""
     if isinstance(model, LoadedModel):
         return f"{model.name} {model.dtype}"
-    dtype = "int8" if is_quantized(model) else str(next(model.parameters()).dtype).removeprefix("torch.")
-    return f"{type(model).__name__} {dtype}"
+    return f"{type(model).__name__} {formats.format_of(model)}"
 
 
 def reference_continuations(reference, prompts_ids: list[list[int]], max_new_tokens: int) -> list[Example]:

@@ -19,7 +19,7 @@ while a calibration takes seconds. The rule:
   its tokens pass.
 
 Timings are cached as JSON under `$SPECDEC_CACHE/costs/`, keyed by the hardware (CPU model and flags, threads,
-GPU), torch's version, METHOD, the kernel path (`quant.weight_limit()`), the architecture's shapes and the
+GPU), torch's version, METHOD, the int8 kernel path (`quant.kernel_path()`), the architecture's shapes and the
 candidates, so no timing outlives the path it measured; `recalibrate=True` measures again.
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ ROLES = ("target", "draft")
 LAYERS = (2, 6)  # depths timed; the model's depth is extrapolated from these two
 VERIFY_ROWS = 5  # rows of the timed verification forward (k = 4 drafts + the target's token)
 REPEATS = 7  # timed forwards per depth and size, the two depths interleaved; the fastest is kept (noise only adds)
-METHOD = 1  # bump when what a format calibration measures changes
+METHOD = 2  # bump when what a format calibration measures changes (2: keyed by the int8 kernel)
 
 
 @dataclass
@@ -259,6 +259,20 @@ def _config_at_depth(config, layers: int):
     return shallow
 
 
+def format_of(model: torch.nn.Module) -> str:
+    """The weight format a model runs in, read off its layers (one of FORMATS; another float dtype by its name):
+    int4 where a layer is 4-bit, int8-dynamic where its int8 layers run fbgemm's coupled rows, int8, else the
+    dtype of its parameters."""
+    layers = [m for m in model.modules() if isinstance(m, (quant.Int8Linear, quant4.Int4Linear))]
+    if any(isinstance(m, quant4.Int4Linear) for m in layers):
+        return "int4"
+    if any(m.coupled is not None for m in layers):
+        return "int8-dynamic"
+    if layers:
+        return "int8"
+    return str(next(model.parameters()).dtype).removeprefix("torch.")
+
+
 def _dtype(format_: str) -> torch.dtype:
     return torch.bfloat16 if format_ == "bfloat16" else torch.float32
 
@@ -278,7 +292,7 @@ def _key(config, formats, device: str) -> str:
     shapes = {name: getattr(config, name, None) for name in (
         "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
         "num_key_value_heads", "vocab_size", "tie_word_embeddings")}
-    about = {"hardware": hardware.describe(device), "method": METHOD, "weight_limit": quant.weight_limit(),
+    about = {"hardware": hardware.describe(device), "method": METHOD, "int8_kernel": quant.kernel_path(),
              "shapes": shapes, "formats": list(formats), "context": CONTEXT_TOKENS}
     return hashlib.sha256(json.dumps(about, sort_keys=True).encode()).hexdigest()[:20]
 

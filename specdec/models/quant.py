@@ -7,13 +7,15 @@ row-invariant instead (kernel measurements: docs/performance.md):
 
 - `Int8Linear`: weights int8 per output channel (scale = max|w_row| / W, W = `weight_limit()`), activations int8 per ROW
   (per token: scale = max|x_row| / 127), integer GEMM with int32 sums (exact in any order: `torch._int_mm`,
-  or fbgemm fed integers it cannot rescale), then y = sums * w_scale[None, :] * x_scale[:, None] (+ bias)
-  elementwise. Row i depends on x[i] only. (One activation scale per tensor, as fbgemm's dynamic
-  quantization does by itself, couples the rows.) W is 127 where fbgemm sums exactly in 32 bits (VNNI), and 63
-  where it sums pairs of u8 x s8 products in 16 bits (AVX2 without VNNI: 2·255·127 saturates, 2·255·63 = 32130
-  fits): measured on the machine at load, never read off CPU flags, so the fast kernel is always the exact one.
-  A layer fbgemm computes holds only fbgemm's packed copy (one byte a weight in memory); its int8 weight, for a
-  store or the int8-dynamic form, is recovered from that copy bit for bit.
+  or a packed kernel, fbgemm or oneDNN, fed integers it cannot rescale), then y = sums * w_scale[None, :] *
+  x_scale[:, None] (+ bias) elementwise. Row i depends on x[i] only. (One activation scale per tensor, as fbgemm's
+  dynamic quantization does by itself, couples the rows.) W is 127 where a packed kernel sums exactly in 32 bits
+  (VNNI), and 63 where it sums pairs of u8 x s8 products in 16 bits (fbgemm on AVX2 without VNNI: 2·255·127
+  saturates, 2·255·63 = 32130 fits): measured on the machine at load, never read off CPU flags, so the fast kernel
+  is always an exact one; of the exact ones, the fastest on this machine's timing for each weight shape
+  (`kernel_for`: oneDNN's cost grows less with the rows where it has int8 matrix units). A layer a packed kernel computes holds only its packed
+  copy (one byte a weight in memory); its int8 weight, for a store or the int8-dynamic form, is recovered from
+  that copy bit for bit.
 - `rowwise_attention`: each query row attends to its own causal slice of keys/values with the same SDPA
   call a one-token step makes, so a verification row is the one-token step's row.
 - `Int8Embedding`: the input embedding as int8 rows with a float32 scale each, each looked-up row dequantized
@@ -35,10 +37,13 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import hashlib
+import json
 import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -46,15 +51,17 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.pytorch_utils import Conv1D
 
-from specdec.models import gguf_read
+from specdec.core import files, hardware
+from specdec.core.timing import Timer, interleaved
+from specdec.models import cache, gguf_read
 from specdec.models.gguf_read import GGUFWeights
 
 ROWWISE_ATTENTION = "specdec_rowwise"  # name of rowwise_attention in transformers' attention interface
 INT8_MAX = 127  # symmetric range [-127, 127]: -128 is never used, so negation is exact
 WEIGHT_LIMITS = (INT8_MAX, 63)  # weight ranges tried, widest first: 63 keeps 16-bit pair sums of u8 x s8 exact
-FBGEMM_MIN_ROWS = 1  # rows from which fbgemm beats torch._int_mm with weights read from memory (all, here)
+PACKED_MIN_ROWS = 1  # rows from which the packed kernel runs instead of torch._int_mm (all: it is faster)
 TINY = torch.finfo(torch.float32).tiny  # scale of an all-zero row (its quantized values are all 0)
-PACK_IN_FLIGHT = 4  # weights waiting for fbgemm's packing at most, inside `packing_in_parallel` (bounds memory)
+PACK_IN_FLIGHT = 4  # weights waiting for their packing at most, inside `packing_in_parallel` (bounds memory)
 
 
 def _quantize_rows(x: torch.Tensor, limit: int = INT8_MAX) -> tuple[torch.Tensor, torch.Tensor]:
@@ -80,14 +87,18 @@ def _pack(weight: torch.Tensor):
 
 
 def _fbgemm_mm(x_q: torch.Tensor, packed) -> torch.Tensor:
-    """As _int_mm, through fbgemm's dynamic int8 Linear, whose cost grows far less with M on this CPU.
+    """As _int_mm, through fbgemm's dynamic int8 Linear.
 
     fbgemm quantizes its input with ONE scale per tensor from the min and max; a sentinel row holding -127.5
     and 127.5 makes that scale exactly 1 and the zero point 128, so the integers pass through unchanged
-    (x + 128 in [1, 255]) and the int32 sums come out exact (checked by `fbgemm_is_exact` on this machine).
+    (x + 128 in [1, 255]) and the int32 sums come out exact (checked by `exact_for` on this machine).
     """
     padded = torch.cat([x_q, _sentinel(x_q.shape[1])])  # [M + 1, K]
     return torch.ops.quantized.linear_dynamic(padded, packed, False)[:-1]  # [M, N]
+
+
+def _fbgemm_unpack(packed) -> torch.Tensor:
+    return torch.ops.quantized.linear_unpack(packed)[0].int_repr()  # [N, K] int8
 
 
 @functools.cache
@@ -99,30 +110,154 @@ def _sentinel(width: int) -> torch.Tensor:
     return row
 
 
+def _onednn_pack(weight: torch.Tensor):
+    """oneDNN's prepacked form of an int8 weight [N, K] (an opaque [K, N] tensor)."""
+    return torch.ops.onednn.qlinear_prepack(weight, None)
+
+
+def _onednn_mm(x_q: torch.Tensor, packed) -> torch.Tensor:
+    """As _int_mm, through oneDNN's int8 Linear: the integers shifted into u8 (x + 128 in [1, 255], zero point
+    128), every scale 1, so the int32 sums come out exact as float32 (checked by `exact_for` on this machine)."""
+    scales, zero_points = _unit_scales(packed.shape[1])
+    shifted = (x_q + 128).to(torch.uint8)  # [M, K]
+    return torch.ops.onednn.qlinear_pointwise(shifted, 1.0, 128, packed, scales, zero_points, None, 1.0, 0,
+                                              torch.float32, "none", [], "")  # [M, N]
+
+
+def _onednn_unpack(packed) -> torch.Tensor:
+    return packed.to_dense().t().contiguous()  # [N, K] int8
+
+
 @functools.cache
-def fbgemm_exact_for(limit: int) -> bool:
-    """Whether `_fbgemm_mm` gives the exact integer sums here for weights in [-limit, limit], on random and extreme
-    operands (int32 VNNI sums: any limit; pairs summed in int16, as AVX2 without VNNI does: 63 but not 127)."""
+def _unit_scales(width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """([width] float32 ones, [width] int64 zeros): a weight's scales and zero points left at 1 and 0."""
+    with torch.inference_mode(False):
+        return torch.ones(width), torch.zeros(width, dtype=torch.long)
+
+
+class Kernel(NamedTuple):
+    """An int8 product computed from a weight packed once, exact int32 sums where `exact_for` says so: the names of
+    its module functions, looked up when called (`_part`)."""
+
+    pack: str  # int8 weight [N, K] -> the kernel's packed copy
+    mm: str  # (integer rows [M, K] float32, packed copy) -> exact sums [M, N] float32
+    unpack: str  # packed copy -> the int8 weight [N, K], bit for bit
+
+
+KERNELS = {"fbgemm": Kernel("_pack", "_fbgemm_mm", "_fbgemm_unpack"),
+           "onednn": Kernel("_onednn_pack", "_onednn_mm", "_onednn_unpack")}  # the packed kernels, timed where exact
+PROBE_ROWS = (1, 5)  # rows each weight shape's kernels are timed at: a one-token step, a verification of 4 drafts
+PROBE_REPEATS = 7  # timed products per kernel and row count, interleaved; the fastest kept
+PROBE_OUT_MAX = 16384  # outputs of the probe weight at most (a head's 151936 rows time in proportion)
+KERNEL_METHOD = 1  # bump when what `_fastest` measures changes
+
+
+def _part(kernel: str, part: str) -> Callable:
+    """The function `part` ("pack", "mm" or "unpack") of KERNELS[kernel]."""
+    return globals()[getattr(KERNELS[kernel], part)]
+
+
+def _packed_mm(kernel: str, x_q: torch.Tensor, packed) -> torch.Tensor:
+    """The exact sums [M, N] of integer rows x_q [M, K] and a weight `kernel` packed."""
+    return _part(kernel, "mm")(x_q, packed)
+
+
+@functools.cache
+def exact_for(kernel: str, limit: int) -> bool:
+    """Whether `kernel` gives the exact integer sums here for weights in [-limit, limit], on random and extreme
+    operands (int32 VNNI sums: any limit; pairs summed in int16, as fbgemm on AVX2 without VNNI: 63 but not 127)."""
     try:
         generator = torch.Generator().manual_seed(0)
         weight = torch.randint(-limit, limit + 1, (64, 256), dtype=torch.int8, generator=generator)
         weight[:8], weight[8:16] = limit, -limit  # worst cases for 16-bit pair sums
         x_q = torch.randint(-INT8_MAX, INT8_MAX + 1, (9, 256), generator=generator).float()
         x_q[0], x_q[1] = INT8_MAX, -INT8_MAX
-        return torch.equal(_fbgemm_mm(x_q, _pack(weight)), _int_mm(x_q, weight))
-    except (RuntimeError, AttributeError):  # a build without fbgemm / quantized ops
+        return torch.equal(_packed_mm(kernel, x_q, _part(kernel, "pack")(weight)), _int_mm(x_q, weight))
+    except (RuntimeError, AttributeError, NotImplementedError):  # a build without that kernel
         return False
 
 
 def weight_limit() -> int:
-    """The widest weight range of WEIGHT_LIMITS whose fbgemm sums are exact on this machine (measured), so every
-    product takes the fast kernel; INT8_MAX when none is (then torch._int_mm, exact and slow, does the sums)."""
-    return next((limit for limit in WEIGHT_LIMITS if fbgemm_exact_for(limit)), INT8_MAX)
+    """The widest weight range of WEIGHT_LIMITS whose sums some packed kernel computes exactly on this machine
+    (measured), so every product takes a fast kernel; INT8_MAX when none does (then torch._int_mm, exact and slow,
+    does the sums)."""
+    return next((limit for limit in WEIGHT_LIMITS if any(exact_for(k, limit) for k in KERNELS)), INT8_MAX)
 
 
-def fbgemm_is_exact() -> bool:
-    """Whether int8 layers quantized here run on fbgemm (exact sums for `weight_limit()`); else torch._int_mm."""
-    return fbgemm_exact_for(weight_limit())
+def exact_kernels() -> list[str]:
+    """The packed kernels (KERNELS) whose sums are exact here for `weight_limit()` weights, measured."""
+    return [kernel for kernel in KERNELS if exact_for(kernel, weight_limit())]
+
+
+_CHOSEN: dict[str, str] = {}  # "out x in" -> the kernel chosen for weights of that shape (this process's copy)
+
+
+def kernel_for(shape: tuple[int, int]) -> str | None:
+    """The packed kernel an int8 weight of `shape` [out, in] runs on here: of `exact_kernels()`, the fastest on this
+    machine at PROBE_ROWS rows (timed once per shape and machine, `_fastest`, and cached with the machine's
+    description); None where none is exact (torch._int_mm). Every one gives the same exact sums, so which one runs
+    never changes a bit."""
+    exact = exact_kernels()
+    if len(exact) < 2:
+        return exact[0] if exact else None
+    name = f"{shape[0]}x{shape[1]}"
+    if not _CHOSEN:
+        _CHOSEN.update(_read_choices())
+    if _CHOSEN.get(name) not in exact:
+        for pending in getattr(_PACKING, "pending", ()):  # packing under way would slow the timings down
+            pending.result()
+        _CHOSEN[name] = _fastest(exact, shape)
+        files.write_text(_choices_path(), json.dumps(_CHOSEN, indent=1, sort_keys=True))
+    return _CHOSEN[name]
+
+
+def forget_kernel_choices() -> None:
+    """Time every shape's kernels again when next packed (`--recalibrate`)."""
+    _CHOSEN.clear()
+    _choices_path().unlink(missing_ok=True)
+
+
+def kernel_path() -> str:
+    """What an int8 product runs here, for cache keys: the exact packed kernels (the fastest of them per shape,
+    `kernel_for`; torch._int_mm where none is) and the weight range."""
+    return f"{'+'.join(exact_kernels()) or 'int_mm'}/{weight_limit()}"
+
+
+def _fastest(kernels: list[str], shape: tuple[int, int]) -> str:
+    """The kernel of `kernels` with the least time over PROBE_ROWS rows on random codes of `shape` (its outputs
+    capped at PROBE_OUT_MAX: a product's time grows in proportion beyond), timings interleaved, fastest kept."""
+    generator = torch.Generator().manual_seed(0)
+    probe = (min(shape[0], PROBE_OUT_MAX), shape[1])
+    weight = torch.randint(-weight_limit(), weight_limit() + 1, probe, dtype=torch.int8, generator=generator)
+    packed = {kernel: _part(kernel, "pack")(weight) for kernel in kernels}
+    rows = {m: torch.randint(-INT8_MAX, INT8_MAX + 1, (m, shape[1]), generator=generator).float()
+            for m in PROBE_ROWS}
+
+    def seconds(kernel: str, m: int) -> float:
+        with Timer("cpu") as timer:
+            _packed_mm(kernel, rows[m], packed[kernel])
+        return timer.seconds
+
+    for kernel in kernels:
+        for m in PROBE_ROWS:
+            seconds(kernel, m)  # warm-up: a kernel's first call at a row count sets it up
+    samples = interleaved({(k, m): functools.partial(seconds, k, m) for k in kernels for m in PROBE_ROWS},
+                          PROBE_REPEATS)
+    return min(kernels, key=lambda k: sum(min(samples[(k, m)]) for m in PROBE_ROWS))
+
+
+def _choices_path() -> Path:
+    about = {**hardware.describe("cpu"), "kernels": exact_kernels(), "limit": weight_limit(), "method": KERNEL_METHOD}
+    key = hashlib.sha256(json.dumps(about, sort_keys=True).encode()).hexdigest()[:20]
+    return cache.root() / "costs" / f"int8-kernels-{key}.json"
+
+
+def _read_choices() -> dict[str, str]:
+    try:
+        data = json.loads(_choices_path().read_text())
+    except (OSError, ValueError):
+        return {}  # none yet, or unreadable: measured again
+    return {k: v for k, v in data.items() if isinstance(k, str) and v in KERNELS} if isinstance(data, dict) else {}
 
 
 _PACKING = threading.local()  # .pool, .pending: where `Int8Linear._take` packs inside `packing_in_parallel`
@@ -130,8 +265,8 @@ _PACKING = threading.local()  # .pool, .pending: where `Int8Linear._take` packs 
 
 @contextlib.contextmanager
 def packing_in_parallel():
-    """Inside: each int8 layer's fbgemm copy is made on a pool of torch's CPU threads while the next layer is
-    read (fbgemm packs one weight on one thread), every one done when the block ends; at most PACK_IN_FLIGHT
+    """Inside: each int8 layer's packed copy is made on a pool of torch's CPU threads while the next layer is
+    read (a kernel packs one weight on one thread), every one done when the block ends; at most PACK_IN_FLIGHT
     weights wait. Nested blocks pack on the outermost one's pool."""
     if getattr(_PACKING, "pool", None) is not None:
         yield
@@ -157,12 +292,12 @@ def _packed_soon(pack, *args) -> None:
         _PACKING.pending.popleft().result()
 
 
-def _same_sums(packed, weight: torch.Tensor) -> bool:
-    """Whether fbgemm's and torch._int_mm's sums agree for this weight on two probe rows (extreme, random)."""
+def _same_sums(kernel: str, packed, weight: torch.Tensor) -> bool:
+    """Whether `kernel`'s and torch._int_mm's sums agree for this weight on two probe rows (extreme, random)."""
     generator = torch.Generator().manual_seed(0)
     x_q = torch.randint(-INT8_MAX, INT8_MAX + 1, (2, weight.shape[1]), generator=generator).float()
     x_q[0] = INT8_MAX
-    return torch.equal(_fbgemm_mm(x_q, packed), _int_mm(x_q, weight))
+    return torch.equal(_packed_mm(kernel, x_q, packed), _int_mm(x_q, weight))
 
 
 def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -201,13 +336,13 @@ def _row_codes(weight: torch.Tensor, limit: int) -> tuple[torch.Tensor, torch.Te
     return codes, torch.full(weight.shape[:1], (3 / weight.shape[1]) ** 0.5 / limit)
 
 
-_KEPT = [0]  # depth of `weights_kept`: above 0, layers keep their int8 weight beside fbgemm's copy
+_KEPT = [0]  # depth of `weights_kept`: above 0, layers keep their int8 weight beside the packed copy
 _UNPACKED = [0]  # depth of `weights_kept(packed=False)`: above 0, layers make no row-invariant packed copy
 
 
 @contextlib.contextmanager
 def weights_kept(packed: bool = True):
-    """Within, int8 layers made or coupled keep their int8 weight beside fbgemm's packed copy, so what reads the
+    """Within, int8 layers made or coupled keep their int8 weight beside their packed copy, so what reads the
     weights next (a store's state_dict, `couple_rows`) takes them as they are instead of unpacking every layer again
     (about as slow as packing); `release_weights(model)` drops them after. Nested, the outermost one's release
     counts (an inner release keeps them for what the outer one still reads). packed=False: no row-invariant
@@ -222,7 +357,7 @@ def weights_kept(packed: bool = True):
 
 
 def release_weights(model: torch.nn.Module) -> torch.nn.Module:
-    """Drop the int8 weights kept within `weights_kept` wherever fbgemm's copy computes every product (not inside
+    """Drop the int8 weights kept within `weights_kept` wherever a packed copy computes every product (not inside
     another `weights_kept`: that one's caller releases them, `Int8Linear.release_weight`)."""
     for module in model.modules():
         if isinstance(module, Int8Linear):
@@ -234,12 +369,14 @@ class Int8Linear(torch.nn.Module):
     """y = x W.T + b with W int8 per output channel (|w| <= weight_limit()), x int8 per row, exact integer sums
     (row-invariant).
 
-    fbgemm or torch._int_mm (FBGEMM_MIN_ROWS, fbgemm_is_exact) give the same exact sums, then the same
-    y = (sums * w_scale) * x_scale + b, so which kernel ran never changes a bit.
+    A packed kernel (`kernel_for`: fbgemm or oneDNN, the fastest exact one here for the shape) or torch._int_mm (PACKED_MIN_ROWS)
+    give the same exact sums, then the same y = (sums * w_scale) * x_scale + b, so which kernel ran never changes a
+    bit.
 
-    Where fbgemm computes every product, its packed copy is the only one in memory: `weight` is then a meta tensor
-    of the int8 weight's shape and dtype, and `int8_weight()` recovers the weight bit for bit from the packed copy
-    (for `state_dict`, `couple_rows` and the torch._int_mm fallback), so the state_dict is the same either way.
+    Where the packed kernel computes every product, its packed copy is the only one in memory: `weight` is then a
+    meta tensor of the int8 weight's shape and dtype, and `int8_weight()` recovers the weight bit for bit from the
+    packed copy (for `state_dict`, `couple_rows` and the torch._int_mm fallback), so the state_dict is the same
+    either way.
     """
 
     weight: torch.Tensor  # [out, in] int8 (a buffer: `.weight.shape` still reads as a Linear's; meta when packed)
@@ -267,7 +404,7 @@ class Int8Linear(torch.nn.Module):
         return layer
 
     def _hold(self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None) -> None:
-        """Register the quantized weight and its scales and bias, and fbgemm's packed copy where it is exact."""
+        """Register the quantized weight and its scales and bias, and the packed kernel's copy where it is exact."""
         self.out_features, self.in_features = weight.shape
         self.register_buffer("weight", weight)
         self.register_buffer("weight_scale", weight_scale)
@@ -277,24 +414,26 @@ class Int8Linear(torch.nn.Module):
         self._take(weight)
 
     def _take(self, weight: torch.Tensor) -> None:
-        """Hold int8 `weight` [out, in] as fbgemm's packed copy where that is exact, and the weight itself only where
-        a product or a reader still needs it (a meta weight: a shell, nothing packed until loaded); inside
+        """Hold int8 `weight` [out, in] as the packed kernel's copy where that is exact, and the weight itself only
+        where a product or a reader still needs it (a meta weight: a shell, nothing packed until loaded); inside
         `packing_in_parallel`, packed on its pool."""
         self.register_buffer("weight", weight)
-        self.packed = None
-        _packed_soon(self._pack_weight, weight)
+        self.packed, self.kernel = None, None  # the packed copy and the KERNELS entry that made it
+        kernel = kernel_for(tuple(weight.shape)) if not weight.is_meta and not _UNPACKED[0] else None  # this thread
+        _packed_soon(self._pack_weight, weight, kernel)
 
-    def _pack_weight(self, weight: torch.Tensor) -> None:
-        fits = not weight.is_meta and (not weight.numel() or int(weight.abs().max()) <= weight_limit())  # stored: wider
-        packed = _pack(weight) if fits and fbgemm_is_exact() and not _UNPACKED[0] else None
-        if packed is not None and not _same_sums(packed, weight):
-            packed = None  # never seen; a kernel path for this shape that is not exact falls back
-        self.packed = packed
+    def _pack_weight(self, weight: torch.Tensor, kernel: str | None) -> None:
+        if kernel is not None and weight.numel() and int(weight.abs().max()) > weight_limit():
+            kernel = None  # a stored weight wider than this machine's kernels sum exactly
+        packed = _part(kernel, "pack")(weight) if kernel is not None else None
+        if packed is not None and not _same_sums(kernel, packed, weight):
+            kernel, packed = None, None  # never seen; a kernel path for this shape that is not exact falls back
+        self.packed, self.kernel = packed, kernel
         self.release_weight()
 
     def _drops_weight(self) -> bool:
-        """Whether the int8 weight need not stay in memory: fbgemm's copy computes every product, no reader wants it."""
-        packed = self.coupled is not None or (self.packed is not None and FBGEMM_MIN_ROWS <= 1)
+        """Whether the int8 weight need not stay in memory: a packed copy computes every product, no reader wants it."""
+        packed = self.coupled is not None or (self.packed is not None and PACKED_MIN_ROWS <= 1)
         return packed and not self.keeps_weight
 
     def release_weight(self) -> None:
@@ -304,11 +443,12 @@ class Int8Linear(torch.nn.Module):
             self.weight = self.weight.to("meta")
 
     def int8_weight(self) -> torch.Tensor:
-        """The int8 weight [out, in]: the one held, or recovered bit for bit from the fbgemm copy that replaced it."""
-        replaced = self.coupled if self.coupled is not None else self.packed
-        if not self.weight.is_meta or replaced is None:
+        """The int8 weight [out, in]: the one held, or recovered bit for bit from the packed copy that replaced it."""
+        if not self.weight.is_meta or (self.coupled is None and self.packed is None):
             return self.weight  # held (a shell's is meta until loaded)
-        return torch.ops.quantized.linear_unpack(replaced)[0].int_repr()
+        if self.coupled is not None:
+            return _fbgemm_unpack(self.coupled)
+        return _part(self.kernel, "unpack")(self.packed)
 
     def keep_weight(self) -> None:
         """Hold the int8 weight in memory from now on, whatever kernel runs: an LM head's rows are read (a tied
@@ -321,7 +461,7 @@ class Int8Linear(torch.nn.Module):
         destination[prefix + "weight"] = self.int8_weight()  # the int8 weight, held or recovered from the packed copy
 
     def _load_from_state_dict(self, state_dict, prefix, *args) -> None:
-        """As any module's, then the loaded int8 weight packed (and dropped where fbgemm computes every product)."""
+        """As any module's, then the loaded int8 weight packed (and dropped where its kernel computes every product)."""
         super()._load_from_state_dict(state_dict, prefix, *args)
         if prefix + "weight" in state_dict:
             self._take(state_dict[prefix + "weight"])
@@ -336,8 +476,8 @@ class Int8Linear(torch.nn.Module):
             weight = torch._make_per_channel_quantized_tensor(
                 self.int8_weight(), self.weight_scale.double(), torch.zeros(self.out_features, dtype=torch.long), 0)
         self.coupled = torch.ops.quantized.linear_prepack(weight, self.bias)
-        self.reduce_range = not fbgemm_exact_for(INT8_MAX)
-        self.packed = None  # the row-invariant copy is not used any more
+        self.reduce_range = not exact_for("fbgemm", INT8_MAX)
+        self.packed, self.kernel = None, None  # the row-invariant copy is not used any more
         self.release_weight()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -346,8 +486,8 @@ class Int8Linear(torch.nn.Module):
             y = torch.ops.quantized.linear_dynamic(rows.float(), self.coupled, self.reduce_range)  # [M, out]
             return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
         x_q, x_scale = _quantize_rows(rows.float())
-        if self.packed is not None and rows.shape[0] >= FBGEMM_MIN_ROWS:
-            sums = _fbgemm_mm(x_q, self.packed)  # [M, out]
+        if self.packed is not None and rows.shape[0] >= PACKED_MIN_ROWS:
+            sums = _packed_mm(self.kernel, x_q, self.packed)  # [M, out]
         else:
             sums = _int_mm(x_q, self.int8_weight())  # [M, out]
         y = sums * self.weight_scale * x_scale[:, None]  # [M, out]
