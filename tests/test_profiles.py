@@ -1,6 +1,6 @@
 """Cost profiles that travel: saved and read back whole, bad or foreign files refused in one line, predictions
 from a profile, the random-weights architecture that lets a machine without model files be profiled, and the
-bundled profiles the app's compare and theory tabs predict with."""
+bundled profiles the app's compare and theory tabs predict with, and the table of every format's path."""
 import json
 import logging
 
@@ -12,6 +12,7 @@ from specdec import DecodeStats, GenerationResult, Round
 from specdec.cli import main
 from specdec.core import hardware, theory
 from specdec.costs import profile as profiles
+from specdec.costs.calibration import N_MAX
 from specdec.costs.profile import (VERSION, bundled_profiles, load_profile, predict, predict_for, save_profile,
                                    speedups_by_k)
 from specdec.dashboard.config import AppConfig
@@ -19,6 +20,8 @@ from specdec.dashboard.hub import ModelHub
 from specdec.dashboard.layout import build_demo
 from specdec.dashboard.profiles import THIS_MACHINE, choices
 from specdec.dashboard.tabs import compare, theory as theory_tab
+from specdec.lab import paths
+from specdec.lab.breakdown import weight_bytes_per_step
 from specdec.models import ModelPool
 from specdec.models import entries, formats, random_weights
 from specdec.testing import tiny_config, tiny_folder
@@ -270,3 +273,25 @@ def test_every_shipped_profile_reads_back_for_the_default_target():
     for found in bundled.values():
         found.check_target(entries.default_name("target"))
         assert found.costs(entries.default_name("draft")).draft_cost > 0
+
+
+def test_the_paths_table_has_a_row_per_format_with_its_bytes_floor_step_curve_and_costs(tiny_architectures, tmp_path,
+                                                                                        monkeypatch, capsys):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    target, draft = entries.default_name("target"), entries.default_name("draft")
+    bandwidth, rows = paths.measure_paths(target, [draft, "lookup"])
+    assert [row.format for row in rows] == list(formats.candidates("cpu", "draft")) and bandwidth > 0
+    for row in rows:
+        model = random_weights.load_random(target, dtype=row.format).model
+        assert row.bytes == weight_bytes_per_step(model) > 0
+        assert row.floor_s(bandwidth) == pytest.approx(row.bytes / bandwidth)
+        assert len(row.verify) == N_MAX and row.verify[0] == 1.0 and row.step_s > 0
+        assert row.drafts[draft].bytes == weight_bytes_per_step(random_weights.load_random(draft, dtype=row.format).model)
+        assert row.drafts["lookup"].bytes is None and row.drafts[draft].cost > 0
+    by_format = {row.format: row.bytes for row in rows}
+    assert by_format["int8"] < by_format["bfloat16"] < by_format["float32"]  # the bytes follow the format
+    assert main(["profile", "--target", target, "--draft", draft, "--paths"]) == 0
+    out = capsys.readouterr().out
+    assert "GB/s" in out and all(f"\n{f:12s} |" in out for f in by_format)
+    assert main(["profile", "--target", target, "--paths", "--save", str(tmp_path / "p.json")]) == 1
+    assert "not with --levers, --breakdown or --paths" in capsys.readouterr().err

@@ -45,9 +45,9 @@ from specdec.core.limits import K_AUTO_MAX
 from specdec.core.timing import time_median, warm_up
 from specdec.costs.calibration import calibrate
 from specdec.costs.profile import measured_profile, save_profile
-from specdec.drafters import Vocabulary, from_spec
-from specdec.lab import breakdown, levers
+from specdec.lab import breakdown, levers, paths
 from specdec.lab.quality import quality_lines
+from specdec.models import formats
 from specdec.models.loading import LoadedModel, add_model_arguments, format_choice, load_draft, load_model
 from specdec.models.random_weights import load_random
 
@@ -68,7 +68,8 @@ def register(subparsers) -> None:
     p.add_argument("--save", metavar="FILE",
                    help="write the cost profile (v(n), c per draft, dtype, device, hardware, date, code version) as "
                         "JSON, for `generate --costs FILE` and `bench --costs FILE` on another machine")
-    p.add_argument("--recalibrate", action="store_true", help="measure again instead of reading the cache")
+    p.add_argument("--recalibrate", action="store_true",
+                   help="measure again (v(n), c and the int8 kernel of each weight shape) instead of reading the cache")
     p.add_argument("--kernels", action="store_true", help="also time the Linear kernels of the target's shapes")
     p.add_argument("--levers", nargs="?", const=",".join(levers.LEVERS), metavar="LIST",
                    help="instead: time the one-token step and v(5) with each overhead lever alone against none, "
@@ -82,12 +83,20 @@ def register(subparsers) -> None:
                    help="instead: torch.profiler over one-token steps and a 5-token verification, CPU time per "
                         "forward by group (GEMM, attention, norms/elementwise, cache ops, other) and top ops")
     p.add_argument("--forwards", type=int, default=5, help="--breakdown: profiled forwards of each kind")
+    p.add_argument("--paths", action="store_true",
+                   help="instead: every weight format's path, target and drafts in it, with random weights of the "
+                        "real architecture: the bytes a one-token step reads, the floor they set at this machine's "
+                        "read speed, the step, v(2..9) and each draft's c")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    if args.save and (args.levers or args.breakdown):
-        raise ValueError("--save writes the cost curve and the drafts' costs: not with --levers or --breakdown")
+    if args.save and (args.levers or args.breakdown or args.paths):
+        raise ValueError("--save writes the cost curve and the drafts' costs: not with --levers, --breakdown or "
+                         "--paths")
+    if args.paths:
+        print_paths(*paths.measure_paths(args.target, args.draft, recalibrate=args.recalibrate))
+        return 0
     target = (load_random(args.target, dtype="int8" if args.quant == "int8" else args.dtype)
               if args.random_weights else load_model(args.target, dtype=args.dtype, quant=args.quant))
     weights = " with random weights" if args.random_weights else ""
@@ -139,12 +148,25 @@ def _print_formats(args, target: LoadedModel, drafts: dict) -> None:
 
 
 def _draft(spec: str, target, dtype: str, random_weights: bool):
-    """The draft `spec` for `target` in `dtype` (--draft-dtype): loaded as usual, or with random weights (its ids
-    as they are: a draft built without a tokenizer cannot go through the text bridge)."""
-    if not random_weights:
-        return load_draft(spec, target, dtype=dtype)
-    build = lambda name: load_random(name, dtype=dtype, device=target.device, role="draft")  # noqa: E731
-    return from_spec(spec, target, load=build, vocabulary=Vocabulary.AS_IS)
+    """The draft `spec` for `target` in `dtype` (--draft-dtype): loaded as usual, or with random weights."""
+    return paths.random_draft(spec, target, dtype) if random_weights else load_draft(spec, target, dtype=dtype)
+
+
+def print_paths(bandwidth: float, rows: list[paths.PathRow]) -> None:
+    """The table of `paths.measure_paths`: a row per format, the target's bytes, floor, step, the rate its step
+    reads weights at and v(2..9), then each draft's bytes and c."""
+    print(f"every format's path, random weights of the real architecture (bytes, v(n) and c depend on shapes); "
+          f"memory read here: {bandwidth / 1e9:.1f} GB/s")
+    drafts = list(rows[0].drafts) if rows else []
+    print("format       | kind          | MB/step | floor ms | step ms | GB/s | v(2..9)" + " " * 34
+          + "".join(f" | {spec} MB/step, c" for spec in drafts))
+    for row in rows:
+        kind = ("row-invariant" if row.format in formats.ROW_INVARIANT
+                else "draft only" if row.format in formats.DRAFT_ONLY else "")
+        cells = "".join(f" | {'—' if d.bytes is None else f'{d.bytes / 1e6:7.0f}'}, {d.cost:.3f}"
+                        for d in row.drafts.values())
+        print(f"{row.format:12s} | {kind:13s} | {row.bytes / 1e6:7.0f} | {row.floor_s(bandwidth) * 1e3:8.1f} | "
+              f"{row.step_s * 1e3:7.1f} | {row.bytes / row.step_s / 1e9:4.1f} | {' '.join(f'{v:4.2f}' for v in row.verify[1:])}{cells}")
 
 
 def print_levers(model, names: list[str], repeats: int, compile_mode: str) -> None:
@@ -178,7 +200,7 @@ def print_breakdowns(model, forwards: int) -> None:
     bandwidth = breakdown.read_bandwidth(weights)
     floor_s = weights / bandwidth
     print(f"memory floor: a one-token step reads {weights / 1e6:.0f} MB of weights; this machine reads "
-          f"{bandwidth / 1e9:.1f} GB/s (sum over a buffer that size), so the weights alone take "
+          f"{bandwidth / 1e9:.1f} GB/s (a matrix-vector product over a large buffer), so the weights alone take "
           f"{floor_s * 1000:.1f} ms: at most {1 / floor_s:.1f} tokens/s for this target in this format")
 
 
