@@ -342,3 +342,18 @@ def test_k_auto_looks_again_soon_after_one_unlucky_first_round_and_not_after_a_c
     assert sum(judged.matches[:3]) == 2 and EVIDENCE <= 3
     clear = chosen_after(judged, LOOK_UNSURE + 1)
     assert clear[LOOK_UNSURE] == 0
+
+
+def test_k_auto_prices_a_draft_forward_apart_from_a_probes_catch_up():
+    """A probe after m plain steps first catches the draft up on the m tokens it missed (one forward of m + 1 tokens,
+    draft·v(m + 1)): that forward is not a draft step's price, or every probe would make drafting look dearer."""
+    from specdec.core.costmodel import CostModel, TargetCosts
+    from specdec.core.schedule import AdaptiveK
+    costs = CostModel(TargetCosts(0.1, [1.0 + 0.25 * n for n in range(9)], "test"), 0.3, "test")
+    controller = AdaptiveK(costs)
+    controller.observe(synthetic_round(4, 0, draft_time=4 * 0.03, target_time=0.1 * costs.v(5)))
+    for _ in range(8):
+        controller.observe(synthetic_round(0, 0, draft_time=0.0, target_time=0.1))
+    assert controller.missed == 8
+    controller.observe(synthetic_round(1, 1, draft_time=0.03 * costs.v(9), target_time=0.1 * costs.v(2)))
+    assert controller.prices.draft == pytest.approx(0.03)

@@ -10,8 +10,10 @@ where a_i is the running conditional acceptance at draft position i: accepted th
 counts decayed by DECAY each round that drafted (recent rounds count most) and shrunk (PRIOR_ROUNDS pseudo-rounds)
 towards a_(i-1), the first towards the pooled rate, so a position seldom reached borrows the rate of the
 one before it. Every price is what this run paid, decayed like the counts: step = a target forward over
-one token at the run's context (verification time / v(n)), draft = one draft forward, extra = what a drafted
-token costs besides its forward (choosing it, its distribution), base = what a round costs besides its forwards
+one token at the run's context (verification time / v(n)), draft = one draft forward over one token (a probe's
+first forward, which also caught the draft up on the m tokens it missed, counts as v(m + 1) of them), extra = what
+a drafted token costs besides its forward (choosing it, its distribution), base = what a round costs besides its
+forwards
 (verification rule, logits); v(n) is the calibrated curve's shape (`specdec.costs.calibration`; v = 1 without
 one). Before a price is measured the calibration's is used (step_s, c·step_s), else Leviathan's (v = 1, c = 0).
 k = 0 (a plain target step: step + base for one token, the target alone's price) is chosen unless some k is
@@ -22,7 +24,7 @@ round with one draft costs over a plain one. So looking again never costs more t
 k = 0, and a draft left behind for long is looked at less often, as its catch-up grows; yet never more than
 LOOK_AFTER_MAX plain steps pass without a look (a catch-up that grows faster than the budget would otherwise end
 the looking for good), and while fewer than EVIDENCE draft positions have been judged (one unlucky first round)
-it looks again after LOOK_UNSURE. Until a round has been observed, k = K_AUTO_START.
+it looks again after LOOK_UNSURE plain steps, or at once after a look whose drafts all passed. Until a round has been observed, k = K_AUTO_START.
 
 k is the most a round drafts: under greedy decoding a model draft ends its proposal after a token it gives less
 than STOP_BELOW probability (an unsure token rarely passes, and the ones drafted after it pass less often still:
@@ -42,7 +44,7 @@ PRIOR_ROUNDS = 1.0  # pseudo-rounds at the pooled acceptance rate added to every
 EXPLORE = 0.02  # probes at k = 0 may cost at most this share of the time spent in plain steps
 LOOK_AFTER_MAX = 128  # ... yet at most this many plain steps pass between two looks
 EVIDENCE = 3.0  # draft positions judged (decayed) below which a verdict against drafting is not final ...
-LOOK_UNSURE = 8  # ... and the controller looks again after this many plain steps
+LOOK_UNSURE = 8  # ... and the controller looks again after this many plain steps (at once after a look that passed)
 MARGIN = 0.05  # drafting must be predicted this much faster than a plain step to be chosen (noise, misprediction)
 STOP_BELOW = 0.4  # greedy, k="auto": a round's drafting ends after a token the draft gives less probability
 
@@ -96,6 +98,7 @@ class AdaptiveK:
         self.accepted = [0.0] * k_max  # decayed count of rounds that accepted it
         self.plain_s = 0.0  # seconds of plain steps (k = 0) since the draft last drafted
         self.missed = 0  # tokens emitted since the draft last drafted: its catch-up at the next probe
+        self.passed = False  # whether every draft of the last round that drafted passed
         self.prices = RoundPrices()
         self.observed = 0
 
@@ -108,7 +111,7 @@ class AdaptiveK:
             best = 0
         if best > 0:
             return best
-        unsure = sum(self.reached) < EVIDENCE and self.missed >= LOOK_UNSURE
+        unsure = sum(self.reached) < EVIDENCE and (self.missed >= LOOK_UNSURE or self.passed)
         return 1 if unsure or self.missed >= LOOK_AFTER_MAX or self.plain_s * EXPLORE >= self.probe_price() else 0
 
     def probe_price(self) -> float:
@@ -136,23 +139,26 @@ class AdaptiveK:
     def observe(self, round_: Round) -> None:
         self.observed += 1
         drafted = len(round_.draft_token_ids)
+        caught_up = self.missed if drafted else 0  # tokens the round's first draft forward read besides its own
         if drafted:  # a plain step says nothing of the draft: what was learnt is not forgotten meanwhile
             self.reached = [x * DECAY for x in self.reached]
             self.accepted = [x * DECAY for x in self.accepted]
             self.plain_s, self.missed = 0.0, 0
+            self.passed = round_.num_accepted >= drafted
         else:
             self.plain_s += round_.wall_time_s or round_.target_time_s
             self.missed += 1  # a plain step emits one token
         for i in range(min(drafted, round_.num_accepted + 1, self.k_max)):
             self.reached[i] += 1.0
             self.accepted[i] += i < round_.num_accepted
-        self._observe_prices(round_, drafted)
+        self._observe_prices(round_, drafted, caught_up)
 
-    def _observe_prices(self, round_: Round, drafted: int) -> None:
+    def _observe_prices(self, round_: Round, drafted: int, caught_up: int) -> None:
         if round_.target_time_s > 0:
             self.prices.add("step", round_.target_time_s / self._v(drafted + 1))
-        if round_.draft_forwards:
-            self.prices.add("draft", round_.draft_time_s / round_.draft_forwards)
+        if round_.draft_forwards:  # the first forward caught up on the tokens missed: priced draft·v(caught_up + 1)
+            forwards = round_.draft_forwards - 1 + self._v(caught_up + 1)
+            self.prices.add("draft", round_.draft_time_s / forwards)
         if round_.wall_time_s <= 0:
             return  # a round without its wall time (made by hand): forwards only
         rest = max(round_.wall_time_s - round_.target_time_s - round_.draft_time_s, 0.0)
