@@ -149,7 +149,8 @@ KERNELS = {"fbgemm": Kernel("_pack", "_fbgemm_mm", "_fbgemm_unpack"),
 PROBE_ROWS = (1, 5)  # rows each weight shape's kernels are timed at: a one-token step, a verification of 4 drafts
 PROBE_REPEATS = 7  # timed products per kernel and row count, interleaved; the fastest kept
 PROBE_OUT_MAX = 16384  # outputs of the probe weight at most (a head's 151936 rows time in proportion)
-KERNEL_METHOD = 1  # bump when what `_fastest` measures changes
+PROBE_BYTES = 32 << 20  # int8 weight bytes one probe timing reads at least, in two or more distinct copies
+KERNEL_METHOD = 2  # bump when what `_fastest` measures changes (2: weights read from memory)
 
 
 def _part(kernel: str, part: str) -> Callable:
@@ -225,17 +226,22 @@ def kernel_path() -> str:
 
 def _fastest(kernels: list[str], shape: tuple[int, int]) -> str:
     """The kernel of `kernels` with the least time over PROBE_ROWS rows on random codes of `shape` (its outputs
-    capped at PROBE_OUT_MAX: a product's time grows in proportion beyond), timings interleaved, fastest kept."""
+    capped at PROBE_OUT_MAX: a product's time grows in proportion beyond), timings interleaved, fastest kept. Each
+    timing runs through two or more distinct packed copies, PROBE_BYTES at least, as a forward reads one weight after
+    another (one weight read again and again times another race: the two kernels came out even on it, and the
+    choice flipped from run to run)."""
     generator = torch.Generator().manual_seed(0)
     probe = (min(shape[0], PROBE_OUT_MAX), shape[1])
     weight = torch.randint(-weight_limit(), weight_limit() + 1, probe, dtype=torch.int8, generator=generator)
-    packed = {kernel: _part(kernel, "pack")(weight) for kernel in kernels}
+    copies = max(-(-PROBE_BYTES // weight.numel()), 2)
+    packed = {kernel: [_part(kernel, "pack")(weight) for _ in range(copies)] for kernel in kernels}
     rows = {m: torch.randint(-INT8_MAX, INT8_MAX + 1, (m, shape[1]), generator=generator).float()
             for m in PROBE_ROWS}
 
     def seconds(kernel: str, m: int) -> float:
         with Timer("cpu") as timer:
-            _packed_mm(kernel, rows[m], packed[kernel])
+            for copy in packed[kernel]:
+                _packed_mm(kernel, rows[m], copy)
         return timer.seconds
 
     for kernel in kernels:
@@ -306,6 +312,7 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 _RANDOM = threading.local()  # .generator: inside `random_codes`, where codes are drawn instead of quantized
+DRAWN_PERIOD = 65521  # codes drawn per weight inside `random_codes`, repeated (a prime: rows do not line up)
 
 
 @contextlib.contextmanager
@@ -321,9 +328,15 @@ def random_codes(seed: int = 0):
 
 
 def drawn_codes(shape: tuple[int, int], low: int, high: int, dtype: torch.dtype) -> torch.Tensor | None:
-    """Codes in low..high of `shape` drawn inside `random_codes` (None outside: quantize the weight)."""
+    """Codes in low..high of `shape` drawn inside `random_codes` (None outside: quantize the weight): DRAWN_PERIOD
+    codes drawn, repeated to fill the shape (a kernel's time does not depend on the values; drawing every code
+    took seconds per model)."""
     generator = getattr(_RANDOM, "generator", None)
-    return None if generator is None else torch.randint(low, high + 1, shape, generator=generator, dtype=dtype)
+    if generator is None:
+        return None
+    count = shape[0] * shape[1]
+    period = torch.randint(low, high + 1, (min(count, DRAWN_PERIOD),), generator=generator, dtype=dtype)
+    return period.repeat(-(-count // len(period)))[:count].view(shape)
 
 
 def _row_codes(weight: torch.Tensor, limit: int) -> tuple[torch.Tensor, torch.Tensor]:
