@@ -286,7 +286,8 @@ def test_the_paths_table_has_a_row_per_format_with_its_bytes_floor_step_curve_an
         assert row.bytes == weight_bytes_per_step(model) > 0
         assert row.floor_s(bandwidth) == pytest.approx(row.bytes / bandwidth)
         assert len(row.verify) == N_MAX and row.verify[0] == 1.0 and row.step_s > 0
-        assert row.drafts[draft].bytes == weight_bytes_per_step(random_weights.load_random(draft, dtype=row.format).model)
+        draft_model = random_weights.load_random(draft, dtype=row.format).model
+        assert row.drafts[draft].bytes == weight_bytes_per_step(draft_model)
         assert row.drafts["lookup"].bytes is None and row.drafts[draft].cost > 0
     by_format = {row.format: row.bytes for row in rows}
     assert by_format["int8"] < by_format["bfloat16"] < by_format["float32"]  # the bytes follow the format

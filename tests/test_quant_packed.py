@@ -72,7 +72,7 @@ def test_the_int8_weight_is_recovered_bit_for_bit_from_the_packed_and_the_couple
 def test_quantized_and_coupled_layers_hold_no_int8_weight_beside_their_packed_copy(form, tied):
     model = QUANTIZERS[form](tiny(tied))
     assert held_weights(model) == expected_held(model)
-    assert any(m.packed is not None for m in model.modules() if isinstance(m, Int8Linear))  # the packed kernel runs them
+    assert any(m.packed is not None for m in model.modules() if isinstance(m, Int8Linear))  # packed ones run them
     if tied:  # the embedding reads the head's rows in place
         assert model.get_input_embeddings().weight.data_ptr() == model.get_output_embeddings().weight.data_ptr()
     couple_rows(model)

@@ -166,7 +166,8 @@ def print_paths(bandwidth: float, rows: list[paths.PathRow]) -> None:
         cells = "".join(f" | {'—' if d.bytes is None else f'{d.bytes / 1e6:7.0f}'}, {d.cost:.3f}"
                         for d in row.drafts.values())
         print(f"{row.format:12s} | {kind:13s} | {row.bytes / 1e6:7.0f} | {row.floor_s(bandwidth) * 1e3:8.1f} | "
-              f"{row.step_s * 1e3:7.1f} | {row.bytes / row.step_s / 1e9:4.1f} | {' '.join(f'{v:4.2f}' for v in row.verify[1:])}{cells}")
+              f"{row.step_s * 1e3:7.1f} | {row.bytes / row.step_s / 1e9:4.1f} | "
+              f"{' '.join(f'{v:4.2f}' for v in row.verify[1:])}{cells}")
 
 
 def print_levers(model, names: list[str], repeats: int, compile_mode: str) -> None:

@@ -24,7 +24,8 @@ round with one draft costs over a plain one. So looking again never costs more t
 k = 0, and a draft left behind for long is looked at less often, as its catch-up grows; yet never more than
 LOOK_AFTER_MAX plain steps pass without a look (a catch-up that grows faster than the budget would otherwise end
 the looking for good), and while fewer than EVIDENCE draft positions have been judged (one unlucky first round)
-it looks again after LOOK_UNSURE plain steps, or at once after a look whose drafts all passed. Until a round has been observed, k = K_AUTO_START.
+it looks again after LOOK_UNSURE plain steps, or at once after a look whose drafts all passed. Until a round has
+been observed, k = K_AUTO_START.
 
 k is the most a round drafts: under greedy decoding a model draft ends its proposal after a token it gives less
 than STOP_BELOW probability (an unsure token rarely passes, and the ones drafted after it pass less often still:

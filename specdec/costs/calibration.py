@@ -12,7 +12,8 @@ dtype's kernels). `calibrate` measures, for the loaded pair, dtype and thread co
 and `CostModel.predicted_speedup(alpha, k)` = E[tokens per round] / (v(k+1) + k*c)
 (`specdec.core.theory.predicted_speedup`). Results are cached as JSON under `$SPECDEC_CACHE/costs/`, one file
 per target (v) and one per (target, draft) pair (c), keyed by model identity and weight format, the hardware
-(CPU model and flags, threads, torch) and the int8 kernel path; `recalibrate=True` measures again, and `cached_costs` reads the cache alone (None where nothing is).
+(CPU model and flags, threads, torch) and the int8 kernel path; `recalibrate=True` measures again, and
+`cached_costs` reads the cache alone (None where nothing is).
 """
 from __future__ import annotations
 

@@ -13,9 +13,9 @@ row-invariant instead (kernel measurements: docs/performance.md):
   (VNNI), and 63 where it sums pairs of u8 x s8 products in 16 bits (fbgemm on AVX2 without VNNI: 2·255·127
   saturates, 2·255·63 = 32130 fits): measured on the machine at load, never read off CPU flags, so the fast kernel
   is always an exact one; of the exact ones, the fastest on this machine's timing for each weight shape
-  (`kernel_for`: oneDNN's cost grows less with the rows where it has int8 matrix units). A layer a packed kernel computes holds only its packed
-  copy (one byte a weight in memory); its int8 weight, for a store or the int8-dynamic form, is recovered from
-  that copy bit for bit.
+  (`kernel_for`: oneDNN's cost grows less with the rows where it has int8 matrix units). A layer a packed kernel
+  computes holds only its packed copy (one byte a weight in memory); its int8 weight, for a store or the
+  int8-dynamic form, is recovered from that copy bit for bit.
 - `rowwise_attention`: each query row attends to its own causal slice of keys/values with the same SDPA
   call a one-token step makes, so a verification row is the one-token step's row.
 - `Int8Embedding`: the input embedding as int8 rows with a float32 scale each, each looked-up row dequantized
@@ -149,7 +149,8 @@ KERNELS = {"fbgemm": Kernel("_pack", "_fbgemm_mm", "_fbgemm_unpack"),
 PROBE_ROWS = (1, 5)  # rows each weight shape's kernels are timed at: a one-token step, a verification of 4 drafts
 PROBE_REPEATS = 7  # timed products per kernel and row count, interleaved; the fastest kept
 PROBE_OUT_MAX = 16384  # outputs of the probe weight at most (a head's 151936 rows time in proportion)
-PROBE_BYTES = 32 << 20  # int8 weight bytes one probe timing reads at least, in two or more distinct copies
+PROBE_BYTES = 32 << 20  # int8 weight bytes one probe timing reads at least, in two or more distinct copies ...
+PROBE_COPIES_MAX = 64  # ... and at most this many (a tiny weight's probe needs no more)
 KERNEL_METHOD = 2  # bump when what `_fastest` measures changes (2: weights read from memory)
 
 
@@ -227,13 +228,13 @@ def kernel_path() -> str:
 def _fastest(kernels: list[str], shape: tuple[int, int]) -> str:
     """The kernel of `kernels` with the least time over PROBE_ROWS rows on random codes of `shape` (its outputs
     capped at PROBE_OUT_MAX: a product's time grows in proportion beyond), timings interleaved, fastest kept. Each
-    timing runs through two or more distinct packed copies, PROBE_BYTES at least, as a forward reads one weight after
-    another (one weight read again and again times another race: the two kernels came out even on it, and the
-    choice flipped from run to run)."""
+    timing runs through two or more distinct packed copies (PROBE_BYTES at least, PROBE_COPIES_MAX at most), as a
+    forward reads one weight after another (one weight read again and again times another race: the two kernels
+    came out even on it, and the choice flipped from run to run)."""
     generator = torch.Generator().manual_seed(0)
     probe = (min(shape[0], PROBE_OUT_MAX), shape[1])
     weight = torch.randint(-weight_limit(), weight_limit() + 1, probe, dtype=torch.int8, generator=generator)
-    copies = max(-(-PROBE_BYTES // weight.numel()), 2)
+    copies = min(max(-(-PROBE_BYTES // weight.numel()), 2), PROBE_COPIES_MAX)
     packed = {kernel: [_part(kernel, "pack")(weight) for _ in range(copies)] for kernel in kernels}
     rows = {m: torch.randint(-INT8_MAX, INT8_MAX + 1, (m, shape[1]), generator=generator).float()
             for m in PROBE_ROWS}
@@ -382,9 +383,9 @@ class Int8Linear(torch.nn.Module):
     """y = x W.T + b with W int8 per output channel (|w| <= weight_limit()), x int8 per row, exact integer sums
     (row-invariant).
 
-    A packed kernel (`kernel_for`: fbgemm or oneDNN, the fastest exact one here for the shape) or torch._int_mm (PACKED_MIN_ROWS)
-    give the same exact sums, then the same y = (sums * w_scale) * x_scale + b, so which kernel ran never changes a
-    bit.
+    A packed kernel (`kernel_for`: fbgemm or oneDNN, the fastest exact one here for the shape) or torch._int_mm
+    (PACKED_MIN_ROWS) give the same exact sums, then the same y = (sums * w_scale) * x_scale + b, so which kernel
+    ran never changes a bit.
 
     Where the packed kernel computes every product, its packed copy is the only one in memory: `weight` is then a
     meta tensor of the int8 weight's shape and dtype, and `int8_weight()` recovers the weight bit for bit from the
