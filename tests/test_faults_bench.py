@@ -111,3 +111,15 @@ def test_charts_cut_short_by_a_kill_are_written_whole_by_the_next_run(setup):
         path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     assert main(argv(target, draft, out)) == 0  # every cell is there: it only reports again
     assert bundle.read_text() == get_plotlyjs() and chart.read_text().rstrip().endswith("</html>")
+
+
+def test_a_resumed_run_folder_loses_the_token_a_killed_writer_left_beside_its_config(tmp_path):
+    """A run killed after config.json was renamed into place but before its writer's token went: the resumed run
+    does not write the config again, yet leaves the folder with results only."""
+    from dataclasses import make_dataclass
+    config = make_dataclass("Config", [("k", int)])(2)
+    store.check_run_folder(tmp_path, config)
+    token = tmp_path / f"{store.CONFIG_JSON}.writer-999999-1"  # no live process holds it
+    token.touch()
+    store.check_run_folder(tmp_path, config)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [store.CONFIG_JSON]

@@ -61,6 +61,7 @@ def check_run_folder(out: Path, config) -> None:
     if not path.exists():
         files.write_text(path, json.dumps(wanted, indent=1))
         return
+    files.reap(path)  # a run killed just after writing it left its writer's token: the next write would reap it
     stored = json.loads(path.read_text(encoding="utf-8"))
     if stored != wanted:
         changed = sorted(k for k in set(stored) | set(wanted) if stored.get(k) != wanted.get(k))
