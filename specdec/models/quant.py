@@ -797,8 +797,3 @@ def couple_rows(model: torch.nn.Module) -> torch.nn.Module:
         if config is not None:
             config._attn_implementation = "sdpa"
     return model
-
-
-def is_quantized(model: torch.nn.Module) -> bool:
-    """Whether `model` runs the int8 row-invariant path."""
-    return any(isinstance(module, Int8Linear) for module in model.modules())
