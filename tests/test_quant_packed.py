@@ -3,6 +3,7 @@ weight, recovered bit for bit from that copy, is what its state_dict, a store an
 outputs and stored files are those of layers that keep their weight; the LM head keeps its rows (a tied embedding
 and callers read them)."""
 import contextlib
+import gc
 import sys
 import threading
 from pathlib import Path
@@ -115,18 +116,44 @@ def test_a_store_is_byte_identical_to_one_written_with_the_weights_kept(tmp_path
         assert torch.equal(read.model(IDS).logits, kept.model(IDS).logits)
 
 
+def mappings_of(path: Path) -> list[tuple[int, int, str]]:
+    """(start, end, permissions) of every mapping of the file `path` in this process (Linux)."""
+    found = []
+    for line in open("/proc/self/maps"):
+        fields = line.split()
+        if len(fields) > 5 and fields[5] == str(path):
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            found.append((start, end, fields[1]))
+    return found
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
 @pytest.mark.parametrize("tied", [False, True])
-def test_an_int8_model_read_from_its_store_keeps_no_mapping_of_the_file(tmp_path, monkeypatch, tied):
-    """The store's tensors are views of one mapping of its file: kept, the weights packed away would stay resident."""
-    source = folder(tmp_path / "model", tied)
+@pytest.mark.parametrize("dtype", ["int8", "int8-dynamic"])
+def test_a_quantized_model_keeps_no_view_of_its_store_file_but_its_lookup_rows_privately_mapped(tmp_path, monkeypatch,
+                                                                                                 tied, dtype):
+    """The store's tensors are views of one mapping of its file: kept, the weights packed away would stay resident
+    (a draft's coupled layers held their biases so). Only the tables that lookups read (the embedding's rows, the
+    head's kept int8 rows) come from the file, through one private mapping, made or read alike, gone with the model."""
+    source = folder(tmp_path / "model", tied)  # qwen2: q/k/v biases
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-    load_model(str(source), quant="int8")
-    read = load_model(str(source), quant="int8")
-    weights = str(next((tmp_path / "cache").rglob("model.safetensors")).resolve())
-    assert read.source == "cache (int8)" and not [line for line in open("/proc/self/maps") if weights in line]
-    with torch.no_grad():
-        assert torch.isfinite(read.model(IDS).logits).all()
+    reference = None
+    for made in (True, False):
+        loaded = load_model(str(source), dtype=dtype)
+        weights = next((tmp_path / "cache").rglob("model.safetensors")).resolve()
+        assert loaded.dtype == dtype and (loaded.source == "cache (int8)") is not made
+        gc.collect()
+        (start, end, permissions), = mappings_of(weights)
+        assert permissions.endswith("p")  # private: a write would never reach the file
+        tables = [loaded.model.get_input_embeddings().weight, loaded.model.get_output_embeddings().weight]
+        assert all(start <= table.data_ptr() < end for table in tables)
+        with torch.no_grad():
+            logits = loaded.model(IDS).logits
+        assert reference is None or torch.equal(logits, reference)
+        reference = logits
+        del loaded, tables
+        gc.collect()
+        assert mappings_of(weights) == []
 
 
 @pytest.mark.parametrize("dtype", ["int8", "int8-dynamic"])

@@ -159,6 +159,7 @@ def _load_quantized(spec, dtype, trust_remote_code, progress) -> LoadedModel:
         if dtype == "int8-dynamic":
             quant.couple_rows(made.model)
     quant.release_weights(made.model)
+    quant_store.settle(made)
     return LoadedModel(name, made.model, made.tokenizer, source, path, dtype, "cpu", time.perf_counter() - start)
 
 

@@ -489,7 +489,8 @@ class Int8Linear(torch.nn.Module):
             warnings.simplefilter("ignore")
             weight = torch._make_per_channel_quantized_tensor(
                 self.int8_weight(), self.weight_scale.double(), torch.zeros(self.out_features, dtype=torch.long), 0)
-        self.coupled = torch.ops.quantized.linear_prepack(weight, self.bias)
+        bias = None if self.bias is None else self.bias.clone()  # the packed copy holds it: never a store file's view
+        self.coupled = torch.ops.quantized.linear_prepack(weight, bias)
         self.reduce_range = not exact_for("fbgemm", INT8_MAX)
         self.packed, self.kernel = None, None  # the row-invariant copy is not used any more
         self.release_weight()

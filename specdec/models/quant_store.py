@@ -37,6 +37,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import mmap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, ContextManager, NamedTuple
@@ -225,9 +226,17 @@ def _read(form: Form, store: Path, trust_remote_code: bool):
     with init_empty_weights(include_buffers=False):  # parameters on meta; buffers (rotary tables) computed
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, trust_remote_code=trust_remote_code)
     form.from_state(model, load_file(store / WEIGHTS))
-    _own_memory(model)
     model.generation_config = GenerationConfig.from_pretrained(store)
     return model.eval(), AutoTokenizer.from_pretrained(store, trust_remote_code=trust_remote_code)
+
+
+def settle(made: Quantized) -> None:
+    """Once `made.model`'s layers have their final form (packed, coupled, weights released): what it still reads
+    of a store file it was read from in memory of its own (`_own_memory`), and its lookup tables read through a
+    private mapping of its store file (`_map_lookup_rows`), read from it or just written to it."""
+    if made.stored:
+        _own_memory(made.model)
+    _map_lookup_rows(made.model, made.store / WEIGHTS)
 
 
 def _own_memory(model: torch.nn.Module) -> None:
@@ -246,6 +255,45 @@ def _own_memory(model: torch.nn.Module) -> None:
                 if id(tensor) not in copies:
                     copies[id(tensor)] = (tensor, _copy(tensor))
                 table[name] = copies[id(tensor)][1]
+
+
+def _map_lookup_rows(model: torch.nn.Module, path: Path) -> None:
+    """Read the int8 rows that only lookups read (the embedding's own table, or the head's int8 weight that a tied
+    embedding reads beside the head's packed copy) from a private mapping of the store file instead of memory: a
+    step reads one row per token, so only the pages of the tokens met become resident, not the whole table (the
+    1.5B's is 233 MB). The values are the file's, the same bits; a write would go to a private copy of its page."""
+    names = {id(module): name for name, module in model.named_modules()}
+    tables = [m for m in (model.get_input_embeddings(), model.get_output_embeddings()) if _holds_lookup_rows(m)]
+    if not tables:
+        return
+    header, start, mapping = _mapped(path)
+    for module in tables:
+        entry = header.get(f"{names[id(module)]}.weight")
+        if entry is None or entry["dtype"] != "I8" or list(entry["shape"]) != list(module.weight.shape):
+            continue  # not stored as this table: keep the copy in memory
+        first, end = entry["data_offsets"]
+        rows = torch.frombuffer(mapping, dtype=torch.int8, count=end - first, offset=start + first)
+        module.register_buffer("weight", rows.view(module.weight.shape))
+
+
+def _holds_lookup_rows(module: torch.nn.Module) -> bool:
+    """Whether `module` holds int8 rows of its own that lookups read: an Int8Embedding's table, or an int8 head
+    kept beside the packed copy that computes its products (a tied embedding's rows)."""
+    weight = getattr(module, "_buffers", {}).get("weight")
+    if weight is None or weight.is_meta or weight.dtype != torch.int8:
+        return False
+    if isinstance(module, quant.Int8Linear):
+        return module.keeps_weight and (module.packed is not None or module.coupled is not None)
+    return isinstance(module, quant.Int8Embedding)
+
+
+def _mapped(path: Path) -> tuple[dict, int, mmap.mmap]:
+    """(the safetensors header of `path`, the offset its data starts at, a private read mapping of the file)."""
+    with open(path, "rb") as file:
+        length = int.from_bytes(file.read(8), "little")
+        header = json.loads(file.read(length))
+        mapping = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_COPY)
+    return header, 8 + length, mapping
 
 
 def _copy(tensor: torch.Tensor) -> torch.Tensor:
