@@ -74,16 +74,21 @@ def contender(name: str, draft, target, costs: CostModel | None = None) -> Conte
 
 
 def weights_fingerprint(draft) -> str:
-    """sha256 over the draft's kind and settings (a Drafter's cost key), its model's config and every parameter's
-    shape and sum (a model-free drafter: its settings alone)."""
+    """sha256 over the draft's kind and settings (a Drafter's cost key), its model's config (not the path it was
+    read from: a quantized model read from its store names the store) and the shape and sum of every parameter
+    and float buffer (a quantized layer's scales and bias: its int8 weights live in a kernel's packed copy) (a
+    model-free drafter: its settings alone)."""
     is_drafter = isinstance(draft, Drafter)
     model = draft.model if is_drafter else unwrap(draft, None)[0]
     digest = hashlib.sha256((draft.cost_key if is_drafter else type(draft).__name__).encode())
     if model is not None:
-        digest.update(model.config.to_json_string(use_diff=False).encode())
+        config = {k: v for k, v in model.config.to_dict().items() if k != "_name_or_path"}  # where it was read from
+        digest.update(json.dumps(config, sort_keys=True, default=str).encode())
+        tensors = [*model.named_parameters(), *((name, buffer) for name, buffer in model.named_buffers()
+                                                if buffer.is_floating_point() and not buffer.is_meta)]
         with torch.no_grad():
-            for name, parameter in model.named_parameters():
-                digest.update(f"{name}{tuple(parameter.shape)}{float(parameter.double().sum()):.17g}".encode())
+            for name, tensor in tensors:
+                digest.update(f"{name}{tuple(tensor.shape)}{float(tensor.double().sum()):.17g}".encode())
     return digest.hexdigest()[:16]
 
 
