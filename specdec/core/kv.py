@@ -14,6 +14,9 @@ test_each_model_is_fed_a_linear_number_of_tokens).
 
 Which cache class holds the keys/values is a flag on the model, `CACHE_CLASS_FLAG` (default transformers'
 `DynamicCache`; `specdec.lab.levers.preallocate_cache` sets a preallocated one); every class obeys this same rule.
+A model may also carry its own forward, `DECODER_FLAG` (a coupled int8 draft's, `specdec.models.coupled`): a
+function of the model giving a plan with `new_cache()` and `forward(ids, cache, logits_to_keep)` (or None where
+it does not apply), run instead of the model's forward over the plan's cache, unless a cache class is set.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from transformers import DynamicCache
 from specdec.core.timing import Timer
 
 CACHE_CLASS_FLAG = "specdec_cache_class"  # model attribute: the DynamicCache (sub)class CachedLM keeps
+DECODER_FLAG = "specdec_decoder"  # model attribute: model -> its own forward's plan, or None (the model's forward)
 
 
 def common_prefix_length(a: list[int], b: list[int]) -> int:
@@ -36,6 +40,7 @@ class CachedLM:
     def __init__(self, model: torch.nn.Module):
         self.model = model
         self.device = next(model.parameters()).device
+        self.plan = _plan(model)  # the model's own forward (DECODER_FLAG), or None: transformers'
         self.token_ids: list[int] = []  # the prefix whose keys/values are in `cache`
         self.cache = self._new_cache()
         self.tokens_fed = 0  # total tokens passed through the model (the linear-cost witness)
@@ -54,7 +59,9 @@ class CachedLM:
         feed = self.pending(context)[:-1]
         return self.forward(feed)[1] if feed else 0.0
 
-    def _new_cache(self) -> DynamicCache:
+    def _new_cache(self):
+        if self.plan is not None:
+            return self.plan.new_cache()
         cache = getattr(self.model, CACHE_CLASS_FLAG, DynamicCache)(config=self.model.config)
         cache.activate_past_recording()  # sliding-window layers keep what a rollback needs
         return cache
@@ -78,9 +85,20 @@ class CachedLM:
             raise ValueError("forward needs at least one new token")
         ids = torch.tensor([new_ids], dtype=torch.long, device=self.device)  # [1, S]
         with Timer(self.device) as timer:
-            out = self.model(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=logits_to_keep)
-            logits = out.logits[0].float().cpu()  # [logits_to_keep, V]
+            logits = self._logits(ids, logits_to_keep)[0].float().cpu()  # [logits_to_keep, V]
         self.token_ids.extend(new_ids)
         self.tokens_fed += len(new_ids)
         self.forwards += 1
         return logits, timer.seconds
+
+    def _logits(self, ids: torch.Tensor, logits_to_keep: int) -> torch.Tensor:
+        """[1, logits_to_keep, V] for ids [1, S] after the cache, which then holds them too."""
+        if self.plan is not None:
+            return self.plan.forward(ids, self.cache, logits_to_keep)
+        return self.model(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=logits_to_keep).logits
+
+
+def _plan(model: torch.nn.Module):
+    """The plan of the model's own forward (DECODER_FLAG), or None: none set, or a cache class set (a lever)."""
+    make = getattr(model, DECODER_FLAG, None)
+    return None if make is None or getattr(model, CACHE_CLASS_FLAG, None) is not None else make(model)

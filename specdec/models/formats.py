@@ -48,7 +48,7 @@ ROLES = ("target", "draft")
 LAYERS = (2, 6)  # depths timed; the model's depth is extrapolated from these two
 VERIFY_ROWS = 5  # rows of the timed verification forward (k = 4 drafts + the target's token)
 REPEATS = 7  # timed forwards per depth and size, the two depths interleaved; the fastest is kept (noise only adds)
-METHOD = 2  # bump when what a format calibration measures changes (2: keyed by the int8 kernel)
+METHOD = 3  # bump when what a format calibration measures changes (3: int8-dynamic runs `specdec.models.coupled`)
 
 
 @dataclass

@@ -52,8 +52,9 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.pytorch_utils import Conv1D
 
 from specdec.core import files, hardware
+from specdec.core.kv import DECODER_FLAG
 from specdec.core.timing import Timer, interleaved
-from specdec.models import cache, gguf_read
+from specdec.models import cache, coupled, gguf_read
 from specdec.models.gguf_read import GGUFWeights
 
 ROWWISE_ATTENTION = "specdec_rowwise"  # name of rowwise_attention in transformers' attention interface
@@ -797,4 +798,5 @@ def couple_rows(model: torch.nn.Module) -> torch.nn.Module:
     for config in (model.config, *[getattr(model.config, key) for key in model.config.sub_configs]):
         if config is not None:
             config._attn_implementation = "sdpa"
+    setattr(model, DECODER_FLAG, coupled.decoder_for)  # CachedLM runs its plan where the layout is one it knows
     return model

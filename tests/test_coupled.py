@@ -1,0 +1,79 @@
+"""The coupled (int8-dynamic) draft's own forward (specdec.models.coupled): CachedLM runs it for llama and qwen2
+layouts, its logits bitwise the model's own forward's through prefill, steps, verification-sized forwards,
+rollbacks and cache growth; every other model, a lever's cache class or SPECDEC_TRANSFORMERS_FORWARD=1 runs the
+model's forward."""
+import pytest
+import torch
+
+from specdec import autoregressive_generate, speculative_generate
+from specdec.core.kv import CACHE_CLASS_FLAG, CachedLM
+from specdec.models import coupled, formats
+from specdec.testing import perturbed_copy, tiny_model
+
+CONTEXT = [1, 5, 9, 13, 7, 4, 8, 6, 12, 3, 10, 11]
+
+
+def coupled_model(arch: str, seed: int = 0, **config) -> torch.nn.Module:
+    return coupled_form(tiny_model(arch, seed, **config))
+
+
+def coupled_form(model: torch.nn.Module) -> torch.nn.Module:
+    return formats.to_format(model, "int8-dynamic")
+
+
+def own_forward(model: torch.nn.Module) -> CachedLM:
+    """A CachedLM that runs transformers' forward of `model`."""
+    lm = CachedLM(model)
+    lm.plan = None
+    lm.cache = lm._new_cache()
+    return lm
+
+
+def feeds(lm: CachedLM) -> list[torch.Tensor]:
+    """Logits of a prefill, a step, a 5-token forward, a rollback of 3 then 2 tokens, a long catch-up."""
+    out = [lm.forward(CONTEXT, logits_to_keep=len(CONTEXT))[0], lm.forward([14])[0],
+           lm.forward([15, 16, 17, 18, 19], logits_to_keep=5)[0]]
+    feed = lm.pending(lm.token_ids[:-3] + [20, 21])  # three dropped, two new
+    out.append(lm.forward(feed, logits_to_keep=len(feed))[0])
+    out.append(lm.forward(list(range(30, 70)), logits_to_keep=40)[0])  # past the first capacity below
+    return out
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # 4 query heads over 2 key/value heads (tiny_config)
+def test_the_coupled_forward_gives_the_models_own_logits_bit_for_bit(monkeypatch, arch):
+    monkeypatch.setattr(coupled, "MIN_CAPACITY", 16)  # the cache grows twice in `feeds`
+    model = coupled_model(arch)
+    lm = CachedLM(model)
+    assert isinstance(lm.plan, coupled.Plan) and isinstance(lm.cache, coupled.Cache)
+    ours, theirs = feeds(lm), feeds(own_forward(model))
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+    assert lm.cache.length == len(lm.token_ids) and lm.cache.keys[0].shape[-2] >= lm.cache.length
+
+
+def test_a_view_of_the_first_layers_runs_its_own_plan():
+    model = coupled_model("qwen2", layers=4)
+    view = formats.at_depth(model, 2)
+    lm = CachedLM(view)
+    assert len(lm.plan.layers) == 2 and len(CachedLM(model).plan.layers) == 4
+    assert all(torch.equal(a, b) for a, b in zip(feeds(lm), feeds(own_forward(view))))
+
+
+def test_other_models_a_cache_lever_and_the_switch_run_transformers_forward(monkeypatch):
+    assert CachedLM(formats.to_format(tiny_model("llama"), "int8")).plan is None  # row-invariant: not coupled
+    assert CachedLM(tiny_model("llama")).plan is None
+    assert coupled.decoder_for(formats.to_format(tiny_model("gpt2"), "int8-dynamic")) is None
+    model = coupled_model("llama")
+    setattr(model, CACHE_CLASS_FLAG, type(CachedLM(tiny_model("llama")).cache))
+    assert CachedLM(model).plan is None
+    monkeypatch.setenv("SPECDEC_TRANSFORMERS_FORWARD", "1")
+    assert CachedLM(coupled_model("llama")).plan is None
+
+
+def test_speculative_decoding_with_a_coupled_draft_equals_the_target_alone():
+    target = tiny_model("qwen2", seed=0)
+    draft = coupled_form(perturbed_copy(target, noise=0.3))  # some drafts pass, some fail
+    alone = autoregressive_generate(target, CONTEXT, max_new_tokens=40, eos_token_id=[]).token_ids
+    for k in (1, 4, "auto"):
+        result = speculative_generate(target, draft, CONTEXT, k=k, max_new_tokens=40, eos_token_id=[])
+        assert result.token_ids == alone
+        assert 0 < result.stats.accepted_tokens < result.stats.draft_tokens or k == "auto"
