@@ -54,7 +54,7 @@ from transformers.pytorch_utils import Conv1D
 from specdec.core import files, hardware
 from specdec.core.kv import DECODER_FLAG
 from specdec.core.timing import Timer, interleaved
-from specdec.models import cache, coupled, gguf_read
+from specdec.models import cache, gguf_read, int8_forward
 from specdec.models.gguf_read import GGUFWeights
 
 ROWWISE_ATTENTION = "specdec_rowwise"  # name of rowwise_attention in transformers' attention interface
@@ -761,6 +761,7 @@ def _int8_layers(model: torch.nn.Module, layer, share_inputs: bool = True) -> to
     for config in (model.config, *[getattr(model.config, key) for key in model.config.sub_configs]):
         if config is not None:
             config._attn_implementation = ROWWISE_ATTENTION
+    setattr(model, DECODER_FLAG, functools.partial(int8_forward.decoder_for, attention=rowwise_attention))
     return model
 
 
@@ -798,5 +799,5 @@ def couple_rows(model: torch.nn.Module) -> torch.nn.Module:
     for config in (model.config, *[getattr(model.config, key) for key in model.config.sub_configs]):
         if config is not None:
             config._attn_implementation = "sdpa"
-    setattr(model, DECODER_FLAG, coupled.decoder_for)  # CachedLM runs its plan where the layout is one it knows
+    setattr(model, DECODER_FLAG, int8_forward.decoder_for)  # CachedLM runs its plan where it knows the layout
     return model

@@ -1,23 +1,25 @@
-"""The forward a coupled (int8-dynamic) llama- or qwen2-style draft runs: one fbgemm call per weight and nothing
-else around it.
+"""The forward an int8 llama- or qwen2-style model runs: its int8 layers called directly, and nothing around them.
 
-A draft's one-token step on a CPU spends about as long between its weight products as in them: each coupled
-Linear is reached through transformers' attention and MLP modules, shared-input slices and a wrapper that
-reshapes and casts, and every layer adds its norms' modules, a per-head rotary, keys and values concatenated
-into a fresh tensor and transformers' per-layer call chain. `decoder_for(model)` reads the model's layers once
-into a `Plan` (each layer's packed weights, norm weights, sizes) and `Plan.forward` computes the same thing
-directly: the norms and rotary as transformers' formulas, q and k rotated as one tensor, keys and values written
-in place (`Cache`), sdpa called as transformers' sdpa attention calls it for that shape. The logits are bitwise
-the model's own forward's (tests/test_coupled.py), only sooner (docs/performance.md, "The draft's step").
+A one-token step on a CPU spends about as long between the weight products as in them: each int8 Linear is
+reached through transformers' attention and MLP modules, shared-input slices and module calls, and every layer
+adds its norms' modules, a per-head rotary, keys and values concatenated into a fresh tensor and transformers'
+per-layer call chain. `decoder_for(model)` reads the model's layers once into a `Plan` (each layer's int8
+Linears, norm weights, sizes) and `Plan.forward` computes the same thing directly: the norms and rotary as
+transformers' formulas, q and k rotated as one tensor, keys and values written in place (`Cache`), each int8
+Linear's own forward (row-invariant, or coupled for a draft), and the attention the model is configured with,
+called as transformers calls it. The logits are bitwise the model's own forward's (tests/test_int8_forward.py),
+only sooner (docs/performance.md, "Each int8 model's own forward").
 
-CachedLM runs it wherever `quant.couple_rows` marked the model (`specdec.core.kv.DECODER_FLAG`) and this module
-knows the layout: DECODER_TYPES, full attention, SiLU MLPs, every Linear coupled (q/k/v and gate/up each one
-shared-input layer). Any other model, or any model with SPECDEC_TRANSFORMERS_FORWARD=1, runs its own forward.
+CachedLM runs it wherever `specdec.models.quant` marked the model (`specdec.core.kv.DECODER_FLAG`: the int8 target
+with its row-by-row attention, a coupled draft with sdpa's) and this module knows the layout: DECODER_TYPES, full
+attention, SiLU MLPs, every Linear int8 with q/k/v and gate/up each one shared-input layer. Any other model (the
+4-bit one, whose q/k/v are apart), or any model with SPECDEC_TRANSFORMERS_FORWARD=1, runs its own forward.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -26,15 +28,8 @@ DECODER_TYPES = ("llama", "qwen2")  # model types whose decoder layer `Plan.forw
 MIN_CAPACITY = 256  # positions a cache holds at first; it doubles when full
 
 
-@dataclass(frozen=True)
-class Weight:
-    """One coupled Linear: fbgemm's packed weight (scales and bias inside) and whether activations use 7 bits."""
-
-    packed: object
-    reduce_range: bool
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.quantized.linear_dynamic(x, self.packed, self.reduce_range)  # [n, in] -> [n, out]
+Linear = Callable[[torch.Tensor], torch.Tensor]  # an int8 Linear's own forward: [n, in] -> [n, out]
+Attention = Callable[..., tuple]  # transformers' attention interface: (module, q, k, v, mask, scaling=) -> (out, _)
 
 
 @dataclass(frozen=True)
@@ -43,12 +38,12 @@ class Layer:
 
     norm: torch.Tensor  # [d] input RMSNorm weight
     norm_eps: float
-    qkv: Weight  # [d] -> [(H + 2·H_kv)·D]: q, k, v columns in that order
-    o: Weight  # [H·D] -> [d]
+    qkv: Linear  # [d] -> [(H + 2·H_kv)·D]: q, k, v columns in that order
+    o: Linear  # [H·D] -> [d]
     post_norm: torch.Tensor  # [d] post-attention RMSNorm weight
     post_norm_eps: float
-    gate_up: Weight  # [d] -> [2·I]: gate, up columns
-    down: Weight  # [I] -> [d]
+    gate_up: Linear  # [d] -> [2·I]: gate, up columns
+    down: Linear  # [I] -> [d]
 
 
 class Cache:
@@ -100,18 +95,19 @@ def _grown(held: torch.Tensor | None, needed: int, new: torch.Tensor, length: in
 
 @dataclass(frozen=True)
 class Plan:
-    """A coupled model's forward, read off its modules once (`decoder_for`)."""
+    """An int8 model's forward, read off its modules once (`decoder_for`)."""
 
     model: torch.nn.Module  # for its embedding and rotary modules
     layers: tuple[Layer, ...]
     norm: torch.Tensor  # [d] final RMSNorm weight
     norm_eps: float
-    head: Weight  # [d] -> [V]
+    head: Linear  # [d] -> [V]
     heads: int  # H
     kv_heads: int  # H_kv
     head_dim: int  # D
     scaling: float  # attention's scale, D**-0.5 as transformers computes it
     intermediate: int  # I
+    attention: Attention  # the one the model is configured with (`sdpa_attention`, or the int8 target's row by row)
 
     def new_cache(self) -> Cache:
         return Cache(len(self.layers))
@@ -137,8 +133,9 @@ class Plan:
         qk = _rotated(qkv[:, :heads + kv_heads], cos, sin).transpose(0, 1)[None]  # [1, H + H_kv, n, D]
         value = qkv[:, heads + kv_heads:].transpose(0, 1)[None]  # [1, H_kv, n, D]
         key, value = cache.update(index, qk[:, heads:], value)  # [1, H_kv, past + n, D]
-        out = _attention(qk[:, :heads], key, value, cache.length, self.scaling)  # [1, H, n, D]
-        hidden = hidden + layer.o(out[0].transpose(0, 1).reshape(n, heads * dim))
+        mask = causal_mask(n, cache.length, hidden.device)
+        out, _ = self.attention(None, qk[:, :heads], key, value, mask, scaling=self.scaling)  # [1, n, H, D]
+        hidden = hidden + layer.o(out.reshape(n, heads * dim))
         gate_up = layer.gate_up(_rms_norm(hidden, layer.post_norm, layer.post_norm_eps))  # [n, 2·I]
         return hidden + layer.down(F.silu(gate_up[:, :self.intermediate]) * gate_up[:, self.intermediate:])
 
@@ -154,35 +151,45 @@ def _rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Ten
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
-def _attention(query, key, value, past: int, scale: float) -> torch.Tensor:
-    """sdpa as transformers' sdpa attention calls it: query [1, H, n, D] after `past` positions, key/value
-    [1, H_kv, past + n, D]. One new position or no past: no mask (causal by sdpa's own rule), the key/value heads
-    shared inside sdpa; else a boolean causal mask, key/value repeated per query head."""
-    n, groups = query.shape[2], query.shape[1] // key.shape[1]
-    if n == 1 or past == 0:
-        return F.scaled_dot_product_attention(query, key, value, is_causal=n > 1, scale=scale, enable_gqa=groups > 1)
-    mask = torch.ones(n, past + n, dtype=torch.bool, device=query.device).tril(past)  # [n, past + n]
-    key, value = (t.repeat_interleave(groups, dim=1) if groups > 1 else t for t in (key, value))
-    return F.scaled_dot_product_attention(query, key, value, attn_mask=mask[None, None], scale=scale)
+def causal_mask(new: int, past: int, device) -> torch.Tensor | None:
+    """The mask transformers gives the attention for `new` positions after `past` cached ones: None where the call
+    needs none (one new position, or no past: causal by sdpa's own rule), else bool [1, 1, new, past + new]."""
+    if new == 1 or past == 0:
+        return None
+    return torch.ones(new, past + new, dtype=torch.bool, device=device).tril(past)[None, None]
 
 
-def decoder_for(model: torch.nn.Module) -> Plan | None:
-    """The Plan of `model`, a coupled model (`quant.couple_rows`) or a view of its first layers, or None where
-    its layout is not the one `Plan.forward` reproduces (see the module docstring)."""
+def sdpa_attention(module, query, key, value, mask, scaling: float, **kwargs) -> tuple[torch.Tensor, None]:
+    """sdpa as transformers' sdpa attention calls it: query [1, H, n, D], key/value [1, H_kv, L, D]. No mask: causal
+    when n > 1, the key/value heads shared inside sdpa; a mask: key/value repeated per query head. Returns
+    ([1, n, H, D], None)."""
+    groups = query.shape[1] // key.shape[1]
+    if mask is None:
+        out = F.scaled_dot_product_attention(query, key, value, is_causal=query.shape[2] > 1, scale=scaling,
+                                             enable_gqa=groups > 1)
+    else:
+        key, value = (t.repeat_interleave(groups, dim=1) if groups > 1 else t for t in (key, value))
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling)
+    return out.transpose(1, 2), None
+
+
+def decoder_for(model: torch.nn.Module, attention: Attention = sdpa_attention) -> Plan | None:
+    """The Plan of `model`, an int8 model (or a view of its first layers) whose configured attention `attention`
+    computes, or None where its layout is not the one `Plan.forward` reproduces (see the module docstring)."""
     config = model.config
     if os.environ.get("SPECDEC_TRANSFORMERS_FORWARD") == "1" or config.model_type not in DECODER_TYPES:
         return None
     if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or []) \
-            or config.hidden_act != "silu" or config._attn_implementation != "sdpa":
+            or config.hidden_act != "silu":
         return None
     base = model.base_model
     try:
         layers = tuple(_layer_of(layer) for layer in base.layers[:config.num_hidden_layers])
         head = _weight(model.get_output_embeddings())
-        attention = base.layers[0].self_attn
+        attention_function, attention = attention, base.layers[0].self_attn
         return Plan(model, layers, base.norm.weight, base.norm.variance_epsilon, head,
                     config.num_attention_heads, config.num_key_value_heads, attention.head_dim,
-                    attention.scaling, config.intermediate_size)
+                    attention.scaling, config.intermediate_size, attention_function)
     except (AttributeError, LayoutError):
         return None
 
@@ -199,8 +206,8 @@ def _layer_of(layer: torch.nn.Module) -> Layer:
                  _shared(mlp.gate_proj, mlp.up_proj), _weight(mlp.down_proj))
 
 
-def _shared(*slices: torch.nn.Module) -> Weight:
-    """The one coupled layer the shared-input slices read, their columns in order and covering it."""
+def _shared(*slices: torch.nn.Module) -> Linear:
+    """The one int8 layer the shared-input slices read, their columns in order and covering it."""
     shared = slices[0].shared[0]
     starts = [s.start for s in slices] + [shared.out_features]
     if any(s.shared[0] is not shared for s in slices) or starts[0] != 0 \
@@ -209,7 +216,8 @@ def _shared(*slices: torch.nn.Module) -> Weight:
     return _weight(shared)
 
 
-def _weight(linear: torch.nn.Module) -> Weight:
-    if getattr(linear, "coupled", None) is None:
-        raise LayoutError("not a coupled int8 layer")
-    return Weight(linear.coupled, linear.reduce_range)
+def _weight(linear: torch.nn.Module) -> Linear:
+    """The int8 Linear's own forward, called without a module call around it."""
+    if not all(hasattr(linear, name) for name in ("weight_scale", "coupled", "packed")):
+        raise LayoutError("not an int8 layer")
+    return linear.forward

@@ -1,24 +1,20 @@
-"""The coupled (int8-dynamic) draft's own forward (specdec.models.coupled): CachedLM runs it for llama and qwen2
-layouts, its logits bitwise the model's own forward's through prefill, steps, verification-sized forwards,
-rollbacks and cache growth; every other model, a lever's cache class or SPECDEC_TRANSFORMERS_FORWARD=1 runs the
-model's forward."""
+"""An int8 model's own forward (specdec.models.int8_forward): CachedLM runs it for llama and qwen2 layouts, the
+row-invariant target's and the coupled draft's, its logits bitwise the model's own forward's through prefill,
+steps, verification-sized forwards, rollbacks and cache growth; every other model, a lever's cache class or
+SPECDEC_TRANSFORMERS_FORWARD=1 runs the model's forward."""
 import pytest
 import torch
 
 from specdec import autoregressive_generate, speculative_generate
 from specdec.core.kv import CACHE_CLASS_FLAG, CachedLM
-from specdec.models import coupled, formats
+from specdec.models import formats, int8_forward
 from specdec.testing import perturbed_copy, tiny_model
 
 CONTEXT = [1, 5, 9, 13, 7, 4, 8, 6, 12, 3, 10, 11]
 
 
-def coupled_model(arch: str, seed: int = 0, **config) -> torch.nn.Module:
-    return coupled_form(tiny_model(arch, seed, **config))
-
-
-def coupled_form(model: torch.nn.Module) -> torch.nn.Module:
-    return formats.to_format(model, "int8-dynamic")
+def int8_model(arch: str, form: str = "int8-dynamic", seed: int = 0, **config) -> torch.nn.Module:
+    return formats.to_format(tiny_model(arch, seed, **config), form)
 
 
 def own_forward(model: torch.nn.Module) -> CachedLM:
@@ -39,19 +35,21 @@ def feeds(lm: CachedLM) -> list[torch.Tensor]:
     return out
 
 
+@pytest.mark.parametrize("form", ["int8", "int8-dynamic"])  # the row-invariant target's, the coupled draft's
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])  # 4 query heads over 2 key/value heads (tiny_config)
-def test_the_coupled_forward_gives_the_models_own_logits_bit_for_bit(monkeypatch, arch):
-    monkeypatch.setattr(coupled, "MIN_CAPACITY", 16)  # the cache grows twice in `feeds`
-    model = coupled_model(arch)
+def test_the_own_forward_gives_the_models_own_logits_bit_for_bit(monkeypatch, arch, form):
+    monkeypatch.setattr(int8_forward, "MIN_CAPACITY", 16)  # the cache grows twice in `feeds`
+    model = int8_model(arch, form)
     lm = CachedLM(model)
-    assert isinstance(lm.plan, coupled.Plan) and isinstance(lm.cache, coupled.Cache)
+    assert isinstance(lm.plan, int8_forward.Plan) and isinstance(lm.cache, int8_forward.Cache)
     ours, theirs = feeds(lm), feeds(own_forward(model))
     assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
     assert lm.cache.length == len(lm.token_ids) and lm.cache.keys[0].shape[-2] >= lm.cache.length
 
 
-def test_a_view_of_the_first_layers_runs_its_own_plan():
-    model = coupled_model("qwen2", layers=4)
+@pytest.mark.parametrize("form", ["int8", "int8-dynamic"])
+def test_a_view_of_the_first_layers_runs_its_own_plan(form):
+    model = int8_model("qwen2", form, layers=4)
     view = formats.at_depth(model, 2)
     lm = CachedLM(view)
     assert len(lm.plan.layers) == 2 and len(CachedLM(model).plan.layers) == 4
@@ -59,20 +57,24 @@ def test_a_view_of_the_first_layers_runs_its_own_plan():
 
 
 def test_other_models_a_cache_lever_and_the_switch_run_transformers_forward(monkeypatch):
-    assert CachedLM(formats.to_format(tiny_model("llama"), "int8")).plan is None  # row-invariant: not coupled
-    assert CachedLM(tiny_model("llama")).plan is None
-    assert coupled.decoder_for(formats.to_format(tiny_model("gpt2"), "int8-dynamic")) is None
-    model = coupled_model("llama")
+    assert CachedLM(tiny_model("llama")).plan is None  # float32
+    assert CachedLM(int8_model("llama", "int4")).plan is None  # its q/k/v apart
+    assert CachedLM(int8_model("gpt2", "int8")).plan is None
+    model = int8_model("llama")
     setattr(model, CACHE_CLASS_FLAG, type(CachedLM(tiny_model("llama")).cache))
     assert CachedLM(model).plan is None
     monkeypatch.setenv("SPECDEC_TRANSFORMERS_FORWARD", "1")
-    assert CachedLM(coupled_model("llama")).plan is None
+    assert CachedLM(int8_model("llama")).plan is None
 
 
-def test_speculative_decoding_with_a_coupled_draft_equals_the_target_alone():
-    target = tiny_model("qwen2", seed=0)
-    draft = coupled_form(perturbed_copy(target, noise=0.3))  # some drafts pass, some fail
+def test_speculative_decoding_with_both_own_forwards_equals_the_target_alone(monkeypatch):
+    float_target = tiny_model("qwen2", seed=0)
+    draft = formats.to_format(perturbed_copy(float_target, noise=0.3), "int8-dynamic")  # some pass, some fail
+    target = formats.to_format(float_target, "int8")
     alone = autoregressive_generate(target, CONTEXT, max_new_tokens=40, eos_token_id=[]).token_ids
+    with monkeypatch.context() as patch:
+        patch.setenv("SPECDEC_TRANSFORMERS_FORWARD", "1")
+        assert autoregressive_generate(target, CONTEXT, max_new_tokens=40, eos_token_id=[]).token_ids == alone
     for k in (1, 4, "auto"):
         result = speculative_generate(target, draft, CONTEXT, k=k, max_new_tokens=40, eos_token_id=[])
         assert result.token_ids == alone
