@@ -41,7 +41,7 @@ from specdec.models.speed import set_rows_first
 REPEATS = 3  # timed forwards per size; the median is kept
 N_MAX = K_AUTO_MAX + 1  # largest verification size calibrated: k_max drafts plus the target's own token
 MEASURING = "measuring what verification and drafting cost on this machine"  # what a BudgetExceeded says
-METHOD = 5  # bump when what a calibration measures changes (5: int8-dynamic runs `specdec.models.coupled`)
+METHOD = 6  # bump when what a calibration measures changes (6: int8 models run `specdec.models.int8_forward`)
 
 
 def calibrate(target, draft=None, *, n_max: int = N_MAX, repeats: int = REPEATS, recalibrate: bool = False,

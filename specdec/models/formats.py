@@ -48,7 +48,7 @@ ROLES = ("target", "draft")
 LAYERS = (2, 6)  # depths timed; the model's depth is extrapolated from these two
 VERIFY_ROWS = 5  # rows of the timed verification forward (k = 4 drafts + the target's token)
 REPEATS = 7  # timed forwards per depth and size, the two depths interleaved; the fastest is kept (noise only adds)
-METHOD = 3  # bump when what a format calibration measures changes (3: int8-dynamic runs `specdec.models.coupled`)
+METHOD = 4  # bump when what a format calibration measures changes (4: int8 models run `specdec.models.int8_forward`)
 
 
 @dataclass
