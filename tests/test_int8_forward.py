@@ -17,12 +17,9 @@ def int8_model(arch: str, form: str = "int8-dynamic", seed: int = 0, **config) -
     return formats.to_format(tiny_model(arch, seed, **config), form)
 
 
-def own_forward(model: torch.nn.Module) -> CachedLM:
+def transformers_forward(model: torch.nn.Module) -> CachedLM:
     """A CachedLM that runs transformers' forward of `model`."""
-    lm = CachedLM(model)
-    lm.plan = None
-    lm.cache = lm._new_cache()
-    return lm
+    return CachedLM(model, own_forward=False)
 
 
 def feeds(lm: CachedLM) -> list[torch.Tensor]:
@@ -42,7 +39,7 @@ def test_the_own_forward_gives_the_models_own_logits_bit_for_bit(monkeypatch, ar
     model = int8_model(arch, form)
     lm = CachedLM(model)
     assert isinstance(lm.plan, int8_forward.Plan) and isinstance(lm.cache, int8_forward.Cache)
-    ours, theirs = feeds(lm), feeds(own_forward(model))
+    ours, theirs = feeds(lm), feeds(transformers_forward(model))
     assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
     assert lm.cache.length == len(lm.token_ids) and lm.cache.keys[0].shape[-2] >= lm.cache.length
 
@@ -53,7 +50,7 @@ def test_a_view_of_the_first_layers_runs_its_own_plan(form):
     view = formats.at_depth(model, 2)
     lm = CachedLM(view)
     assert len(lm.plan.layers) == 2 and len(CachedLM(model).plan.layers) == 4
-    assert all(torch.equal(a, b) for a, b in zip(feeds(lm), feeds(own_forward(view))))
+    assert all(torch.equal(a, b) for a, b in zip(feeds(lm), feeds(transformers_forward(view))))
 
 
 def test_other_models_a_cache_lever_and_the_switch_run_transformers_forward(monkeypatch):
@@ -63,6 +60,9 @@ def test_other_models_a_cache_lever_and_the_switch_run_transformers_forward(monk
     model = int8_model("llama")
     setattr(model, CACHE_CLASS_FLAG, type(CachedLM(tiny_model("llama")).cache))
     assert CachedLM(model).plan is None
+    replaced = int8_model("llama")
+    replaced.forward = replaced.forward  # a lever's compiled forward, say
+    assert CachedLM(replaced).plan is None
     monkeypatch.setenv("SPECDEC_TRANSFORMERS_FORWARD", "1")
     assert CachedLM(int8_model("llama")).plan is None
 

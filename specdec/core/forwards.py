@@ -23,9 +23,10 @@ def timing_context(model: torch.nn.Module, length: int = CONTEXT_TOKENS) -> list
     return [(7 + 7919 * i) % (rows - 10) + 5 for i in range(length)]
 
 
-def primed_cache(model: torch.nn.Module) -> tuple[CachedLM, list[int]]:
-    """A CachedLM of `model` holding CONTEXT_TOKENS tokens of context, and that context."""
-    lm = CachedLM(model)
+def primed_cache(model: torch.nn.Module, own_forward: bool = True) -> tuple[CachedLM, list[int]]:
+    """A CachedLM of `model` holding CONTEXT_TOKENS tokens of context, and that context (own_forward=False:
+    transformers' forward even where the model has its own, `specdec.core.kv`)."""
+    lm = CachedLM(model, own_forward)
     base = timing_context(model)
     lm.prefill(base + [base[0]])  # the cache holds `base`
     return lm, base

@@ -16,7 +16,8 @@ Which cache class holds the keys/values is a flag on the model, `CACHE_CLASS_FLA
 `DynamicCache`; `specdec.lab.levers.preallocate_cache` sets a preallocated one); every class obeys this same rule.
 A model may also carry its own forward, `DECODER_FLAG` (a coupled int8 draft's, `specdec.models.coupled`): a
 function of the model giving a plan with `new_cache()` and `forward(ids, cache, logits_to_keep)` (or None where
-it does not apply), run instead of the model's forward over the plan's cache, unless a cache class is set.
+it does not apply), run instead of the model's forward over the plan's cache, unless a lever is in place (a cache
+class set, or the model's forward replaced).
 """
 from __future__ import annotations
 
@@ -37,10 +38,10 @@ def common_prefix_length(a: list[int], b: list[int]) -> int:
 class CachedLM:
     """Wraps a transformers causal LM: feeds only new tokens, counts tokens and time."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, own_forward: bool = True):
         self.model = model
         self.device = next(model.parameters()).device
-        self.plan = _plan(model)  # the model's own forward (DECODER_FLAG), or None: transformers'
+        self.plan = _plan(model) if own_forward else None  # the model's own forward (DECODER_FLAG), or transformers'
         self.token_ids: list[int] = []  # the prefix whose keys/values are in `cache`
         self.cache = self._new_cache()
         self.tokens_fed = 0  # total tokens passed through the model (the linear-cost witness)
@@ -99,6 +100,9 @@ class CachedLM:
 
 
 def _plan(model: torch.nn.Module):
-    """The plan of the model's own forward (DECODER_FLAG), or None: none set, or a cache class set (a lever)."""
+    """The plan of the model's own forward (DECODER_FLAG), or None: none set, or a lever in place (a cache class
+    set, or the forward replaced on the model, as a compiled one)."""
     make = getattr(model, DECODER_FLAG, None)
-    return None if make is None or getattr(model, CACHE_CLASS_FLAG, None) is not None else make(model)
+    if make is None or getattr(model, CACHE_CLASS_FLAG, None) is not None or "forward" in vars(model):
+        return None
+    return make(model)

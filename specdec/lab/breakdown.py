@@ -67,8 +67,10 @@ class Breakdown:
 
 
 def profile_forwards(model: torch.nn.Module, new_tokens: int, forwards: int) -> Breakdown:
-    """Profile `forwards` forwards over `new_tokens` new tokens after CONTEXT_TOKENS cached ones."""
-    lm, base = primed_cache(model)
+    """Profile `forwards` forwards over `new_tokens` new tokens after CONTEXT_TOKENS cached ones, through
+    transformers' forward: its modules label the ops (an int8 model's own forward, which the product runs, calls
+    the same ops without the modules around them)."""
+    lm, base = primed_cache(model, own_forward=False)
     forward_seconds(lm, base, new_tokens)  # warm-up: first-call allocations
     with _labelled(model, lm), profile(activities=[ProfilerActivity.CPU]) as profiler:
         wall_s = sum(forward_seconds(lm, base, new_tokens) for _ in range(forwards))

@@ -14,7 +14,9 @@ that overhead and can be switched on and off around any forward, so they are tim
 - `sdpa-math`: scaled_dot_product_attention's math backend instead of the kernel torch picks
   (`torch.nn.attention.sdpa_kernel`).
 
-Off by default everywhere: nothing here runs unless a lever is entered (`with LEVERS[name](model): ...`).
+Off by default everywhere: nothing here runs unless a lever is entered (`with LEVERS[name](model): ...`). Every arm
+times transformers' forward, the one these levers change: an int8 llama/qwen2 model's own forward
+(`specdec.models.int8_forward`, which the product runs) already writes its cache in place and calls no modules.
 """
 from __future__ import annotations
 
@@ -254,7 +256,7 @@ def _prepare(model, name: str, lever: Callable, reference: list[int]) -> LeverRo
     """The lever's cache holding the timing context, its warm-up time and its output check."""
     with lever(model), Timer(model.device) as warm_up:
         tokens = _greedy(model)
-        lm, base = primed_cache(model)
+        lm, base = primed_cache(model, own_forward=False)  # every arm times transformers' forward
         for _ in range(WARMUP_ROUNDS):
             forward_seconds(lm, base, 1)
             forward_seconds(lm, base, VERIFY_TOKENS)

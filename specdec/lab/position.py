@@ -1,9 +1,11 @@
 """One drafted position of one round, with the numbers of its verification rule.
 
 The engine keeps only the drafted token's probabilities per round (`Round.draft_probs`,
-`Round.target_probs`), so `position_view` recomputes both distributions at that position: the
+`Round.target_probs`), so `position_view` recomputes both distributions at that position for the bars: the
 target and the drafter read the context up to it (prompt + earlier rounds' output + the round's
-earlier drafts) under the run's temperature and top-p. Then, following Leviathan et al. 2023
+earlier drafts) under the run's temperature and top-p. The rule's numbers (the drafted token's two probabilities
+and their ratio) are the engine's own: a draft whose rows are coupled (int8-dynamic) reads the context in other
+chunks here than in the run, so its recomputed probabilities can differ in the last digits. Then, following Leviathan et al. 2023
 (Alg. 1) and Chen et al. 2023 (`specdec.core.verify`):
 
 - sampling: the drafted token x is kept iff u < min(1, p_target(x) / p_draft(x)), u the round's
@@ -41,8 +43,8 @@ class PositionView:
     p_draft: list[float]  # p_draft of each shown token (zeros at position n+1)
     residual: list[float]  # norm(max(0, p_target - p_draft)) of each shown token (sampling and rejected only)
     target_argmax: int  # the target's most likely token here
-    p_draft_token: float | None  # p_draft(x) of the drafted token, recomputed
-    p_target_token: float | None  # p_target(x) of the drafted token, recomputed
+    p_draft_token: float | None  # p_draft(x) of the drafted token, as the engine computed it (Round.draft_probs)
+    p_target_token: float | None  # p_target(x) of the drafted token, as the engine computed it
     acceptance: float | None  # min(1, p_target(x)/p_draft(x)) (sampling)
     uniform: float | None  # the round's uniform draw here (sampling; None when the run did not keep it)
     target_token: int | None  # the target's token emitted here (correction or bonus), else None
@@ -86,17 +88,17 @@ def position_view(target, draft, prompt, result: GenerationResult, round_index: 
     residual = residual_distribution(p_target, p_draft) if sampling and outcome == "rejected" \
         else torch.zeros_like(p_target)
     shown = _top_ids(p_target, p_draft, top, [t for t in (drafted, r.target_token_id) if t is not None])
-    acceptance = None
-    if drafted is not None and sampling:
-        acceptance = float(acceptance_probability(p_target[drafted], p_draft[drafted]))
+    p_draft_token = p_target_token = acceptance = None
+    if drafted is not None:  # the rule's numbers are the engine's own (a recomputation may differ in the last bits)
+        p_draft_token, p_target_token = r.draft_probs[position - 1], r.target_probs[position - 1]
+        if sampling:
+            acceptance = float(acceptance_probability(torch.tensor(p_target_token), torch.tensor(p_draft_token)))
     emits_target = outcome == "bonus" or outcome == "rejected"
     return PositionView(
         round_index=round_index, position=position, greedy=policy.greedy, outcome=outcome, drafted_token=drafted,
         token_ids=shown, p_target=p_target[shown].tolist(), p_draft=p_draft[shown].tolist(),
         residual=residual[shown].tolist(), target_argmax=int(logits.argmax()),
-        p_draft_token=None if drafted is None else float(p_draft[drafted]),
-        p_target_token=None if drafted is None else float(p_target[drafted]),
-        acceptance=acceptance,
+        p_draft_token=p_draft_token, p_target_token=p_target_token, acceptance=acceptance,
         uniform=r.uniforms[position - 1] if sampling and drafted is not None and position <= len(r.uniforms) else None,
         target_token=r.target_token_id if emits_target else None,
         kept=outcome == "accepted")

@@ -394,7 +394,9 @@ def distill(target, draft, data: list[Example], *, config: DistillConfig = Disti
     target_model, _ = unwrap(target, None)
     draft_model, _ = unwrap(draft, None)
     accelerator = Accelerator(cpu=cpu_only(), gradient_accumulation_steps=config.grad_accum)
-    target_model.to(accelerator.device).eval()
+    if next(target_model.parameters()).device != accelerator.device:  # an int8 target (CPU) holds meta weights
+        target_model.to(accelerator.device)
+    target_model.eval()
     optimizer = torch.optim.AdamW([p for p in draft_model.parameters() if p.requires_grad], lr=config.lr)
     report = DistillReport(asdict(config), len(data), sum(len(e.completion_ids) for e in data), 0,
                            data=data_fingerprint(data), processes=accelerator.num_processes)
