@@ -14,7 +14,7 @@ test_each_model_is_fed_a_linear_number_of_tokens).
 
 Which cache class holds the keys/values is a flag on the model, `CACHE_CLASS_FLAG` (default transformers'
 `DynamicCache`; `specdec.lab.levers.preallocate_cache` sets a preallocated one); every class obeys this same rule.
-A model may also carry its own forward, `DECODER_FLAG` (a coupled int8 draft's, `specdec.models.coupled`): a
+A model may also carry its own forward, `DECODER_FLAG` (an int8 model's, `specdec.models.int8_forward`): a
 function of the model giving a plan with `new_cache()` and `forward(ids, cache, logits_to_keep)` (or None where
 it does not apply), run instead of the model's forward over the plan's cache, unless a lever is in place (a cache
 class set, or the model's forward replaced).

@@ -3,10 +3,10 @@
 The engine keeps only the drafted token's probabilities per round (`Round.draft_probs`,
 `Round.target_probs`), so `position_view` recomputes both distributions at that position for the bars: the
 target and the drafter read the context up to it (prompt + earlier rounds' output + the round's
-earlier drafts) under the run's temperature and top-p. The rule's numbers (the drafted token's two probabilities
-and their ratio) are the engine's own: a draft whose rows are coupled (int8-dynamic) reads the context in other
-chunks here than in the run, so its recomputed probabilities can differ in the last digits. Then, following Leviathan et al. 2023
-(Alg. 1) and Chen et al. 2023 (`specdec.core.verify`):
+earlier drafts) under the run's temperature and top-p. The rule's numbers (the drafted token's two
+probabilities and their ratio) are the engine's own: a draft whose rows are coupled (int8-dynamic) reads the
+context in other chunks here than in the run, so its recomputed probabilities can differ in the last digits.
+Then, following Leviathan et al. 2023 (Alg. 1) and Chen et al. 2023 (`specdec.core.verify`):
 
 - sampling: the drafted token x is kept iff u < min(1, p_target(x) / p_draft(x)), u the round's
   uniform draw (`Round.uniforms`); on rejection the correction is drawn from the residual

@@ -121,19 +121,19 @@ class Plan:
         hidden = self.model.get_input_embeddings()(ids)[0]  # [n, d]
         positions = torch.arange(past, past + n, device=ids.device)[None]  # [1, n]
         cos, sin = (t[0, :, None] for t in base.rotary_emb(hidden, positions))  # [n, 1, D] each
+        mask = causal_mask(n, past, ids.device)
         for index, layer in enumerate(self.layers):
-            hidden = self._layer(layer, index, hidden, cos, sin, cache)
+            hidden = self._layer(layer, index, hidden, cos, sin, mask, cache)
         cache.advance(n)
         return self.head(_rms_norm(hidden[-logits_to_keep:], self.norm, self.norm_eps))[None]  # [1, keep, V]
 
-    def _layer(self, layer: Layer, index: int, hidden, cos, sin, cache: Cache) -> torch.Tensor:
+    def _layer(self, layer: Layer, index: int, hidden, cos, sin, mask, cache: Cache) -> torch.Tensor:
         """One decoder layer over hidden [n, d], as transformers' llama/qwen2 layer computes it."""
         n, heads, kv_heads, dim = hidden.shape[0], self.heads, self.kv_heads, self.head_dim
         qkv = layer.qkv(_rms_norm(hidden, layer.norm, layer.norm_eps)).view(n, heads + 2 * kv_heads, dim)
         qk = _rotated(qkv[:, :heads + kv_heads], cos, sin).transpose(0, 1)[None]  # [1, H + H_kv, n, D]
         value = qkv[:, heads + kv_heads:].transpose(0, 1)[None]  # [1, H_kv, n, D]
         key, value = cache.update(index, qk[:, heads:], value)  # [1, H_kv, past + n, D]
-        mask = causal_mask(n, cache.length, hidden.device)
         out, _ = self.attention(None, qk[:, :heads], key, value, mask, scaling=self.scaling)  # [1, n, H, D]
         hidden = hidden + layer.o(out.reshape(n, heads * dim))
         gate_up = layer.gate_up(_rms_norm(hidden, layer.post_norm, layer.post_norm_eps))  # [n, 2·I]
