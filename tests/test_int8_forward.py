@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from specdec import autoregressive_generate, speculative_generate
+from specdec.core import kv
 from specdec.core.kv import CACHE_CLASS_FLAG, CachedLM
 from specdec.models import formats, int8_forward
 from specdec.testing import perturbed_copy, tiny_model
@@ -35,7 +36,7 @@ def feeds(lm: CachedLM) -> list[torch.Tensor]:
 @pytest.mark.parametrize("form", ["int8", "int8-dynamic"])  # the row-invariant target's, the coupled draft's
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])  # 4 query heads over 2 key/value heads (tiny_config)
 def test_the_own_forward_gives_the_models_own_logits_bit_for_bit(monkeypatch, arch, form):
-    monkeypatch.setattr(int8_forward, "MIN_CAPACITY", 16)  # the cache grows twice in `feeds`
+    monkeypatch.setattr(kv, "MIN_CAPACITY", 16)  # the cache grows twice in `feeds`
     model = int8_model(arch, form)
     lm = CachedLM(model)
     assert isinstance(lm.plan, int8_forward.Plan) and isinstance(lm.cache, int8_forward.Cache)

@@ -6,6 +6,7 @@ import torch
 
 from specdec import autoregressive_generate, speculative_generate
 from specdec.cli import main
+from specdec.core import kv
 from specdec.core.kv import CachedLM
 from specdec.lab import breakdown, levers
 from specdec.lab.levers import PreallocatedCache, PreallocatedLayer, compare_levers, preallocated_cache
@@ -27,7 +28,7 @@ def model(arch: str = "llama", int8: bool = False, seed: int = 0) -> torch.nn.Mo
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
 @pytest.mark.parametrize("int8", [False, True])
 def test_preallocated_cache_gives_the_same_logits_through_a_rollback(monkeypatch, arch, int8):
-    monkeypatch.setattr(levers, "MIN_CAPACITY", 8)  # the storage has to grow several times
+    monkeypatch.setattr(kv, "MIN_CAPACITY", 8)  # the storage has to grow several times
     target = model(arch, int8)
     plain = CachedLM(target)
     with preallocated_cache(target):

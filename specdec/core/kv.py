@@ -28,6 +28,23 @@ from specdec.core.timing import Timer
 
 CACHE_CLASS_FLAG = "specdec_cache_class"  # model attribute: the DynamicCache (sub)class CachedLM keeps
 DECODER_FLAG = "specdec_decoder"  # model attribute: model -> its own forward's plan, or None (the model's forward)
+MIN_CAPACITY = 256  # positions preallocated key/value storage holds at first (`written`); it doubles when full
+
+
+def written(storage: torch.Tensor | None, start: int, new: torch.Tensor) -> torch.Tensor:
+    """Preallocated key/value storage [B, H_kv, capacity, D] (None: none yet) holding `new` [B, H_kv, n, D] at
+    start..start + n: written in place, or, where it is too short, into new storage of twice the capacity
+    (MIN_CAPACITY at first, at least start + n) that holds its first `start` positions, so copies are amortised
+    O(1) per token. The preallocated caches (the lever's, an int8 model's own forward's) all grow by this rule."""
+    end = start + new.shape[-2]
+    if storage is None or end > storage.shape[-2]:
+        old = 0 if storage is None else storage.shape[-2]
+        grown = new.new_empty((*new.shape[:-2], max(end, MIN_CAPACITY, 2 * old), new.shape[-1]))
+        if start:
+            grown[..., :start, :] = storage[..., :start, :]
+        storage = grown
+    storage[..., start:end, :] = new
+    return storage
 
 
 def common_prefix_length(a: list[int], b: list[int]) -> int:

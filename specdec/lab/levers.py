@@ -32,14 +32,13 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from specdec.core.engine import autoregressive_generate
 from specdec.core.forwards import forward_seconds, primed_cache, timing_context
-from specdec.core.kv import CACHE_CLASS_FLAG, CachedLM, common_prefix_length
+from specdec.core.kv import CACHE_CLASS_FLAG, CachedLM, common_prefix_length, written
 from specdec.core.timing import Timer, interleaved
 from specdec.models import quant
 
 VERIFY_TOKENS = 5  # new tokens of the timed verification forward, v(5)
 PROMPT_TOKENS = 16  # prompt of the target-alone run that checks a lever changes no output
 IDENTITY_TOKENS = 16  # greedy tokens of that run
-MIN_CAPACITY = 256  # positions a PreallocatedLayer allocates at least (it doubles when full)
 WARMUP_ROUNDS = 3  # untimed (step, verification) pairs first: torch.compile settles after ~3 (0/1 sizes, strides)
 COMPILE_MODE = "default"  # torch.compile mode ("max-autotune-no-cudagraphs" also autotunes the GEMMs)
 RECOMPILE_LIMIT = 64  # graphs per code object (torch's default 8 runs out: transformers' decorators share one wrapper)
@@ -49,9 +48,9 @@ class PreallocatedLayer(DynamicLayer):
     """A DynamicLayer whose keys/values are views of storage allocated ahead and written in place.
 
     DynamicLayer.update runs torch.cat: every forward copies the whole layer cache. Here `update` writes only the
-    new positions into `key_storage`/`value_storage` [B, H_kv, capacity, D] (the capacity doubles when full, so
-    copies are amortised O(1) per token), and `keys`/`values` are their first `length` positions, so attention,
-    masks and get_seq_length see exactly what a DynamicLayer holds. DynamicLayer.crop(-n) keeps working as is: it
+    new positions into `key_storage`/`value_storage` [B, H_kv, capacity, D] (`specdec.core.kv.written`: the
+    capacity doubles when full, so copies are amortised O(1) per token), and `keys`/`values` are their first
+    `length` positions, so attention, masks and get_seq_length see exactly what a DynamicLayer holds. DynamicLayer.crop(-n) keeps working as is: it
     shortens the views, and the next update overwrites the dropped positions (as transformers' StaticLayer does).
     Not transformers' StaticCache itself: its layers return all max_cache_len positions behind a mask, which
     `specdec.models.quant.rowwise_attention` (keys = cached + new positions) cannot read, and which every
@@ -71,26 +70,10 @@ class PreallocatedLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         start = self.get_seq_length()
         end = start + key_states.shape[-2]
-        if self.key_storage is None or end > self.key_storage.shape[-2]:
-            self._grow(end, key_states, value_states)
-        self.key_storage[..., start:end, :] = key_states
-        self.value_storage[..., start:end, :] = value_states
+        self.key_storage = written(self.key_storage, start, key_states)
+        self.value_storage = written(self.value_storage, start, value_states)
         self.keys, self.values = self.key_storage[..., :end, :], self.value_storage[..., :end, :]
         return self.keys, self.values
-
-    def _grow(self, needed: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        """New storage of at least `needed` positions (twice the old, MIN_CAPACITY at first) holding the cache."""
-        capacity = max(needed, MIN_CAPACITY, 2 * (0 if self.key_storage is None else self.key_storage.shape[-2]))
-        self.key_storage = _grown(self.keys, capacity, key_states)
-        self.value_storage = _grown(self.values, capacity, value_states)
-
-
-def _grown(held: torch.Tensor, capacity: int, new: torch.Tensor) -> torch.Tensor:
-    """Storage [B, H_kv, capacity, D] shaped like `new` [B, H_kv, S, D], holding `held` [B, H_kv, L, D] at 0..L."""
-    storage = new.new_empty((*new.shape[:-2], capacity, new.shape[-1]))
-    if held.numel():
-        storage[..., :held.shape[-2], :] = held
-    return storage
 
 
 class PreallocatedCache(DynamicCache):

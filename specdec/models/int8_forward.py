@@ -24,8 +24,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from specdec.core.kv import written
+
 DECODER_TYPES = ("llama", "qwen2")  # model types whose decoder layer `Plan.forward` reproduces
-MIN_CAPACITY = 256  # positions a cache holds at first; it doubles when full
 
 
 Linear = Callable[[torch.Tensor], torch.Tensor]  # an int8 Linear's own forward: [n, in] -> [n, out]
@@ -65,14 +66,11 @@ class Cache:
         self.length = self.length + length if length < 0 else min(length, self.length)
 
     def update(self, index: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write layer `index`'s new key/value [1, H_kv, n, D] after the held positions; the views [1, H_kv,
-        length + n, D] attention reads (`length` moves on once every layer wrote: `advance`)."""
+        """Write layer `index`'s new key/value [1, H_kv, n, D] after the held positions (`kv.written`); the views
+        [1, H_kv, length + n, D] attention reads (`length` moves on once every layer wrote: `advance`)."""
         end = self.length + key.shape[-2]
-        if self.keys[index] is None or end > self.keys[index].shape[-2]:
-            self.keys[index] = _grown(self.keys[index], end, key, self.length)
-            self.values[index] = _grown(self.values[index], end, value, self.length)
-        self.keys[index][..., self.length:end, :] = key
-        self.values[index][..., self.length:end, :] = value
+        self.keys[index] = written(self.keys[index], self.length, key)
+        self.values[index] = written(self.values[index], self.length, value)
         return self.keys[index][..., :end, :], self.values[index][..., :end, :]
 
     def advance(self, n: int) -> None:
@@ -81,16 +79,6 @@ class Cache:
     def tensors(self) -> list[torch.Tensor]:
         """The storage tensors (for memory reports)."""
         return [t for t in self.keys + self.values if t is not None]
-
-
-def _grown(held: torch.Tensor | None, needed: int, new: torch.Tensor, length: int) -> torch.Tensor:
-    """Storage like `new` [1, H_kv, n, D] of at least `needed` positions (twice the old, MIN_CAPACITY at first),
-    holding the first `length` positions of `held`."""
-    old = 0 if held is None else held.shape[-2]
-    storage = new.new_empty((*new.shape[:-2], max(needed, MIN_CAPACITY, 2 * old), new.shape[-1]))
-    if length:
-        storage[..., :length, :] = held[..., :length, :]
-    return storage
 
 
 @dataclass(frozen=True)
@@ -112,10 +100,9 @@ class Plan:
     def new_cache(self) -> Cache:
         return Cache(len(self.layers))
 
-    @torch.inference_mode()
     def forward(self, ids: torch.Tensor, cache: Cache, logits_to_keep: int = 1) -> torch.Tensor:
         """Logits [1, logits_to_keep, V] of `ids` [1, n] after the positions `cache` holds, which then holds these
-        too: bitwise `model(input_ids=ids, ...)`'s."""
+        too: bitwise `model(input_ids=ids, ...)`'s. Called inside CachedLM.forward's inference mode."""
         n, past = ids.shape[1], cache.length
         base = self.model.base_model
         hidden = self.model.get_input_embeddings()(ids)[0]  # [n, d]
