@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -78,6 +79,11 @@ def atomic_path(final: Path) -> Iterator[Path]:
         except BaseException:
             remove(partial)
             raise
+
+
+def json_key(value) -> str:
+    """20 hex digits of the sha256 of `value` as JSON with sorted keys: a cache file's name after what it holds."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:20]
 
 
 def write_text(path: Path, text: str) -> None:

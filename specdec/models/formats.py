@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -294,7 +293,7 @@ def _key(config, formats, device: str) -> str:
         "num_key_value_heads", "vocab_size", "tie_word_embeddings")}
     about = {"hardware": hardware.describe(device), "method": METHOD, "int8_kernel": quant.kernel_path(),
              "shapes": shapes, "formats": list(formats), "context": CONTEXT_TOKENS}
-    return hashlib.sha256(json.dumps(about, sort_keys=True).encode()).hexdigest()[:20]
+    return files.json_key(about)
 
 
 def _read(path: Path) -> list[FormatTiming] | None:

@@ -37,7 +37,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
-import hashlib
 import json
 import threading
 import warnings
@@ -256,8 +255,7 @@ def _fastest(kernels: list[str], shape: tuple[int, int]) -> str:
 
 def _choices_path() -> Path:
     about = {**hardware.describe("cpu"), "kernels": exact_kernels(), "limit": weight_limit(), "method": KERNEL_METHOD}
-    key = hashlib.sha256(json.dumps(about, sort_keys=True).encode()).hexdigest()[:20]
-    return cache.root() / "costs" / f"int8-kernels-{key}.json"
+    return cache.root() / "costs" / f"int8-kernels-{files.json_key(about)}.json"
 
 
 def _read_choices() -> dict[str, str]:
