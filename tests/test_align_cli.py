@@ -5,9 +5,10 @@ import subprocess
 import sys
 
 import pytest
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specdec.cli import main
+from specdec.drafters.tokenizers import shared_token_map
 from specdec.models import aligned
 from specdec.testing import tiny_bpe_tokenizer, tiny_model
 
@@ -112,6 +113,10 @@ def test_experiment_runs_every_stage_and_writes_the_table(folders, capsys):
     assert all(r["identical_outputs"] == "2/2" for r in rows)  # greedy: every draft leaves the output unchanged
     assert all(r["predicted_speedup"] > 0 and r["measured_speedup"] > 0 for r in rows)
     assert "| (f) (e) with a pruned vocabulary |" in (domain / "table.md").read_text()
+    vocabulary = json.loads((domain / "prune" / "vocabulary.json").read_text())
+    own = shared_token_map(AutoTokenizer.from_pretrained(folders["target"]),
+                           AutoTokenizer.from_pretrained(folders["other"]))  # the tokens the other draft had
+    assert vocabulary["draft_own_tokens"] == len(own) > 0 and set(own) <= set(vocabulary["token_ids"])
     printed = capsys.readouterr().out
     assert "[prompts] 6/6 measure" in printed and "skipped" not in printed
     assert main(experiment_args(folders, out)) == 0  # a rerun skips every stage

@@ -106,7 +106,26 @@ def test_the_factory_reads_model_at_vocab_file(pair, tmp_path):
         PrunedVocabularyDrafter(draft, [0, 500])
 
 
-def test_a_quantized_draft_is_refused_with_one_clear_line(pair):
-    int8 = quant.quantize_int8(copy.deepcopy(pair[1]))
-    with pytest.raises(ValueError, match="load the draft as float32 or bfloat16"):
-        PrunedVocabularyDrafter(int8, KEPT)
+@pytest.mark.parametrize("form", ["int8", "int8-dynamic"])
+def test_a_quantized_draft_drafts_over_its_own_int8_rows_of_the_set(pair, form):
+    """The head's int8 rows of the set, in the draft's form: the set's logits are the full head's, bit for bit
+    (row-invariant int8) or within the coupled kernel's rounding (one activation scale), and greedy output stays
+    the target's."""
+    target, draft = pair
+    int8 = quant.quantize_int8(copy.deepcopy(draft))
+    if form == "int8-dynamic":
+        quant.couple_rows(int8)
+    full, pruned = ModelDrafter(int8), PrunedVocabularyDrafter(int8, KEPT)
+    head = pruned.lm.model.get_output_embeddings()
+    assert head.out_features == len(KEPT) and (head.coupled is not None) == (form == "int8-dynamic")
+    assert int8.get_output_embeddings().out_features == 128  # the wrapped model keeps its full head
+    full_logits, _ = full.lm.forward(PROMPT)
+    pruned_logits, _ = pruned.lm.forward(PROMPT)
+    assert pruned.lm.plan is not None  # the sliced model still runs the int8 model's own forward
+    if form == "int8":
+        assert pruned_logits[-1].equal(full_logits[-1, KEPT])
+    else:
+        assert torch.allclose(pruned_logits[-1], full_logits[-1, KEPT], atol=1e-3)
+    alone = autoregressive_generate(target, PROMPT, max_new_tokens=40, eos_token_id=[])
+    result = speculative_generate(target, pruned, PROMPT, k=4, max_new_tokens=40, eos_token_id=[])
+    assert result.token_ids == alone.token_ids and result.stats.accepted_tokens > 0

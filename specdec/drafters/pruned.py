@@ -44,17 +44,21 @@ class PrunedVocabularyDrafter(ModelDrafter):
 
 
 def _with_head_rows(model: torch.nn.Module, token_ids: torch.Tensor) -> torch.nn.Module:
-    """A shallow copy of `model` whose LM head holds only `token_ids`' rows (the original is untouched)."""
+    """A shallow copy of `model` whose LM head holds only `token_ids`' rows (the original is untouched): a float
+    head's rows copied, a quantized one's in its own form (`kept_rows`: the int8 rows and scales as they are)."""
     head = model.get_output_embeddings()
-    if not head.weight.is_floating_point():
-        raise ValueError("a pruned vocabulary slices a float LM head: load the draft as float32 or bfloat16 "
-                         "(--draft-dtype), not a quantized format")
-    sliced = torch.nn.Linear(head.weight.shape[1], len(token_ids), bias=head.bias is not None,
-                             device=head.weight.device, dtype=head.weight.dtype)
-    with torch.no_grad():
-        sliced.weight.copy_(head.weight[token_ids])  # [S, H]
-        if head.bias is not None:
-            sliced.bias.copy_(head.bias[token_ids])
+    if hasattr(head, "kept_rows"):
+        sliced = head.kept_rows(token_ids)
+    elif head.weight.is_floating_point():
+        sliced = torch.nn.Linear(head.weight.shape[1], len(token_ids), bias=head.bias is not None,
+                                 device=head.weight.device, dtype=head.weight.dtype)
+        with torch.no_grad():
+            sliced.weight.copy_(head.weight[token_ids])  # [S, H]
+            if head.bias is not None:
+                sliced.bias.copy_(head.bias[token_ids])
+    else:
+        raise ValueError(f"a pruned vocabulary cannot slice a {type(head).__name__} LM head: load the draft as "
+                         "float32, bfloat16 or an int8 format (--draft-dtype)")
     clone = copy.copy(model)
     clone._modules = dict(model._modules)  # own module table, shared submodules (weights are not copied)
     clone.set_output_embeddings(sliced)

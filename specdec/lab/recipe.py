@@ -18,7 +18,8 @@ again:
 | distill | distill/ | transplant/ distilled on that data (resumable checkpoints; `specdec.training.distill`); registered as
   an aligned draft, its held-out α̂ filled in by the measure stage (no separate held-out check unless
   `distill.eval_every` > 0: measuring (d) and (e) is that check) |
-| prune | prune/vocabulary.json | target ids the domain data uses plus the most frequent ones of general text |
+| prune | prune/vocabulary.json | target ids the domain data uses, the most frequent ones of general text and every token
+  the other draft's own vocabulary has (the rows the transplant copied) |
 | measure | results.json, table.md | every draft on held-out prompts, against the target alone |
 
 Rows of the table: (a) the target's family, (b) the other draft with its ids fed naively, (c) through the
@@ -44,7 +45,7 @@ from specdec.costs.calibration import calibrate
 from specdec.drafters import Vocabulary, from_spec
 from specdec.drafters.bridge import NaiveCrossVocabDrafter, TextBridgeDrafter
 from specdec.drafters.spec import VOCAB_SEPARATOR
-from specdec.drafters.tokenizers import tokenizer_report
+from specdec.drafters.tokenizers import shared_token_map, tokenizer_report
 from specdec.lab.measure import DraftTrials
 from specdec.models import aligned, cache
 from specdec.models.loading import load_draft, load_model
@@ -76,7 +77,7 @@ class RecipeSettings:
     generation_batch: int = 16  # training prompts the target continues per batched forward (1 = one at a time)
     samples: int = 1  # sampled target continuations per training prompt besides the greedy one (more contexts)
     sample_temperature: float = 0.8  # temperature of those samples (the target's own distribution, sharpened)
-    draft_dtype: str = "auto"  # format of each draft measured (auto: the fastest here; (f) slices a float head)
+    draft_dtype: str = "auto"  # format of each draft measured (auto: the fastest here for a draft)
 
 
 @dataclass
@@ -116,7 +117,7 @@ def run_recipe(target, other, same_draft: str, settings: RecipeSettings, folder:
             "transplant": lambda: stage_transplant(target, other, folder),
             "data": lambda: stage_data(target, settings, folder),
             "distill": lambda: stage_distill(target, other, settings, folder),
-            "prune": lambda: stage_prune(target, settings, folder),
+            "prune": lambda: stage_prune(target, other, settings, folder),
             "measure": lambda: stage_measure(target, other, same_draft, settings, folder, say)}
     for number, name in enumerate(STAGES, start=1):
         head, output = f"[{domain}] {number}/{len(STAGES)} {name}", folder / PRODUCTS[name][0]
@@ -151,7 +152,7 @@ def stage_inputs(target, other, same_draft: str, settings: RecipeSettings) -> di
                  "samples": settings.samples, "sample_temperature": settings.sample_temperature,
                  "generation_batch": settings.generation_batch},
         "distill": asdict(settings.distill),
-        "prune": {"most_frequent": settings.most_frequent},
+        "prune": {"most_frequent": settings.most_frequent, "keeps the draft's own tokens": True},
         "measure": {"held-out prompts": _digest(settings.held_out), "same draft": same_draft, "k": settings.k,
                     "measure_max_new_tokens": settings.measure_max_new_tokens, "draft_dtype": settings.draft_dtype},
     }
@@ -243,15 +244,16 @@ def _continue_or_restart(checkpoint: Path, config: DistillConfig, data) -> str:
     return f" (continued from step {saved.steps_done})"
 
 
-def stage_prune(target, settings: RecipeSettings, folder: Path) -> str:
+def stage_prune(target, other, settings: RecipeSettings, folder: Path) -> str:
     domain = [e.prompt_ids + e.completion_ids for e in _data(target, settings, folder)]
     general = [encode(p, target.tokenizer) for p in load_suite(ALL, split="dev") if isinstance(p.prompt, str)]
+    own = shared_token_map(target.tokenizer, other.tokenizer)  # the tokens the draft had: rows transplanted as they were
     ids = build_vocabulary(domain, general, most_frequent=settings.most_frequent,
-                           always=target.tokenizer.all_special_ids)
+                           always=[*target.tokenizer.all_special_ids, *own])
     rows = vocab_size(target.model)
     ids = [t for t in ids if t < rows]
     save_vocabulary(folder / "prune" / "vocabulary.json", ids, rows=rows, domain_sequences=len(domain),
-                    general_sequences=len(general), most_frequent=settings.most_frequent)
+                    general_sequences=len(general), most_frequent=settings.most_frequent, draft_own_tokens=len(own))
     return f"{len(ids)} of {rows} target ids kept ({len(ids) / rows:.1%})"
 
 
@@ -273,7 +275,7 @@ def measure(target, other, same_draft: str, settings: RecipeSettings, folder: Pa
     distilled = folder / "distill" / "draft"
     pruned = f"{distilled}{VOCAB_SEPARATOR}{folder / 'prune' / 'vocabulary.json'}"
     # every draft in the format measured fastest here for a draft (its precision never changes the output), so
-    # the rows compare drafts, not formats; a pruned vocabulary slices a float head: (f) in the target's format
+    # the rows compare drafts, not formats (a pruned vocabulary slices the head in the draft's format)
     load = lambda name: load_model(name, dtype=settings.draft_dtype, role="draft")  # noqa: E731
     foreign = lambda: load(str(other.path))  # noqa: E731 - the other draft as it drafts, not as it was transplanted
     contenders = [
@@ -286,7 +288,7 @@ def measure(target, other, same_draft: str, settings: RecipeSettings, folder: Pa
          lambda: load(str(folder / "transplant"))),
         ("(e) (d) distilled", "target's (hard-cloned)", lambda: load(str(distilled))),
         ("(f) (e) with a pruned vocabulary", "target's, pruned",
-         lambda: from_spec(pruned, target, load=lambda name: load_model(name, dtype=target.dtype))),
+         lambda: from_spec(pruned, target, load=load)),
     ]
     rows = [Row("target alone", "target's", math.nan, 1.0, 0.0, 1.0, 1.0, _ms_per_token(baseline),
                 f"{len(held_out)}/{len(held_out)}")]

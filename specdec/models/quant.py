@@ -494,6 +494,17 @@ class Int8Linear(torch.nn.Module):
         self.packed, self.kernel = None, None  # the row-invariant copy is not used any more
         self.release_weight()
 
+    def kept_rows(self, rows: torch.Tensor) -> "Int8Linear":
+        """A layer computing only the output rows `rows` [S] of this one, with the same int8 weights and scales, in
+        this layer's form (coupled where this one is): a pruned draft vocabulary's head."""
+        bias = None if self.bias is None else self.bias[rows]
+        with weights_kept(packed=self.coupled is None):  # a coupled layer's row-invariant copy would go unused
+            kept = Int8Linear.from_quantized(self.int8_weight()[rows], self.weight_scale[rows], bias)
+            if self.coupled is not None:
+                kept.couple_rows()
+        kept.release_weight()
+        return kept
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)  # [M, in], M = tokens
         if self.coupled is not None:
