@@ -3,7 +3,7 @@
 A one-token step on a CPU spends about as long between the weight products as in them: each int8 Linear is
 reached through transformers' attention and MLP modules, shared-input slices and module calls, and every layer
 adds its norms' modules, a per-head rotary, keys and values concatenated into a fresh tensor and transformers'
-per-layer call chain. `decoder_for(model)` reads the model's layers once into a `Plan` (each layer's int8
+per-layer call chain. `decoder_for(model, attention)` reads the model's layers once into a `Plan` (each layer's int8
 Linears, norm weights, sizes) and `Plan.forward` computes the same thing directly: the norms and rotary as
 transformers' formulas, q and k rotated as one tensor, keys and values written in place (`Cache`), each int8
 Linear's own forward (row-invariant, or coupled for a draft), and the attention the model is configured with,
@@ -75,10 +75,6 @@ class Cache:
 
     def advance(self, n: int) -> None:
         self.length += n
-
-    def tensors(self) -> list[torch.Tensor]:
-        """The storage tensors (for memory reports)."""
-        return [t for t in self.keys + self.values if t is not None]
 
 
 @dataclass(frozen=True)
@@ -160,7 +156,7 @@ def sdpa_attention(module, query, key, value, mask, scaling: float, **kwargs) ->
     return out.transpose(1, 2), None
 
 
-def decoder_for(model: torch.nn.Module, attention: Attention = sdpa_attention) -> Plan | None:
+def decoder_for(model: torch.nn.Module, attention: Attention) -> Plan | None:
     """The Plan of `model`, an int8 model (or a view of its first layers) whose configured attention `attention`
     computes, or None where its layout is not the one `Plan.forward` reproduces (see the module docstring)."""
     config = model.config
@@ -173,10 +169,10 @@ def decoder_for(model: torch.nn.Module, attention: Attention = sdpa_attention) -
     try:
         layers = tuple(_layer_of(layer) for layer in base.layers[:config.num_hidden_layers])
         head = _weight(model.get_output_embeddings())
-        attention_function, attention = attention, base.layers[0].self_attn
+        first = base.layers[0].self_attn  # every layer's head size and scale are the first one's
         return Plan(model, layers, base.norm.weight, base.norm.variance_epsilon, head,
-                    config.num_attention_heads, config.num_key_value_heads, attention.head_dim,
-                    attention.scaling, config.intermediate_size, attention_function)
+                    config.num_attention_heads, config.num_key_value_heads, first.head_dim,
+                    first.scaling, config.intermediate_size, attention)
     except (AttributeError, LayoutError):
         return None
 

@@ -767,11 +767,7 @@ def _int8_layers(model: torch.nn.Module, layer, share_inputs: bool = True) -> to
             setattr(parent, child, layer(name, [getattr(parent, child)]))
     model.get_output_embeddings().keep_weight()
     model.config.tie_word_embeddings = False  # the head is its own (int8) copy now
-    for config in (model.config, *[getattr(model.config, key) for key in model.config.sub_configs]):
-        if config is not None:
-            config._attn_implementation = ROWWISE_ATTENTION
-    setattr(model, DECODER_FLAG, functools.partial(int8_forward.decoder_for, attention=rowwise_attention))
-    return model
+    return _attending(model, ROWWISE_ATTENTION, rowwise_attention)
 
 
 def _share_inputs(model: torch.nn.Module, layer) -> None:
@@ -805,8 +801,15 @@ def couple_rows(model: torch.nn.Module) -> torch.nn.Module:
         for module in model.modules():
             if isinstance(module, Int8Linear):
                 _packed_soon(module.couple_rows)
+    return _attending(model, "sdpa", int8_forward.sdpa_attention)
+
+
+def _attending(model: torch.nn.Module, implementation: str, attention) -> torch.nn.Module:
+    """`model` (and its sub-configs) configured with transformers' attention `implementation`, and marked to run its
+    own forward with the same `attention` (`specdec.core.kv.DECODER_FLAG`: CachedLM runs its plan where
+    `int8_forward` knows the layout). Returns `model`."""
     for config in (model.config, *[getattr(model.config, key) for key in model.config.sub_configs]):
         if config is not None:
-            config._attn_implementation = "sdpa"
-    setattr(model, DECODER_FLAG, int8_forward.decoder_for)  # CachedLM runs its plan where it knows the layout
+            config._attn_implementation = implementation
+    setattr(model, DECODER_FLAG, functools.partial(int8_forward.decoder_for, attention=attention))
     return model
