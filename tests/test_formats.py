@@ -168,3 +168,19 @@ def test_calibration_models_draw_their_codes_and_quantizing_afterwards_is_unchan
     weight = torch.randn(8, 64)
     assert torch.equal(quant.quantize_weight(weight)[0], torch.round(weight / (weight.abs().amax(1, keepdim=True)
                                                                              / limit)).to(torch.int8))
+
+
+def test_a_format_that_cannot_win_keeps_its_screening_repeats(monkeypatch):
+    """`_timed` times SCREEN_REPEATS repeats of each (depth, rows) and the rest only while the format scores under
+    the bar (SCREEN_MARGIN times the fastest timed so far): forwards counted, warm-ups included."""
+    calls = []
+    real = formats.forward_seconds
+    monkeypatch.setattr(formats, "forward_seconds", lambda *a: calls.append(a[-1]) or real(*a))
+    model = formats.build(tiny_config("qwen2", hidden=32, layers=6), "float32", max(formats.LAYERS))
+    forwards = len(formats.LAYERS) * 2  # (depth, rows) pairs timed
+    warm_up = len(formats.LAYERS)
+    formats._timed(model, 6, "float32", repeats=5, bar=0.0)
+    assert len(calls) == warm_up + forwards * formats.SCREEN_REPEATS
+    calls.clear()
+    timing = formats._timed(model, 6, "float32", repeats=5)
+    assert len(calls) == warm_up + forwards * 5 and timing.format == "float32"

@@ -47,6 +47,8 @@ ROLES = ("target", "draft")
 LAYERS = (2, 6)  # depths timed; the model's depth is extrapolated from these two
 VERIFY_ROWS = 5  # rows of the timed verification forward (k = 4 drafts + the target's token)
 REPEATS = 7  # timed forwards per depth and size, the two depths interleaved; the fastest is kept (noise only adds)
+SCREEN_REPEATS = 2  # repeats every format gets; the rest only where these score under SCREEN_MARGIN × the best
+SCREEN_MARGIN = 1.5  # a format this much slower than one already timed is not timed further: it cannot win
 METHOD = 4  # bump when what a format calibration measures changes (4: int8 models run `specdec.models.int8_forward`)
 
 
@@ -169,17 +171,21 @@ def _choose(role: str, timings: list[FormatTiming], key: str, device: str, measu
 def time_formats(config, formats, *, device: str = "cpu", repeats: int = REPEATS) -> list[FormatTiming]:
     """Each format's one-token and VERIFY_ROWS-token forward at `config`'s depth, from random-weight models at the
     depths LAYERS (the two depths of a format interleaved by `specdec.core.timing.interleaved`, the fastest of
-    `repeats` kept: noise only adds). A float format is a copy of random weights drawn once, at the deeper depth;
-    an int8 or 4-bit one has its codes drawn (`_drawn`) on a fresh model whose float weights are never filled (nor
-    read); int8-dynamic is the int8 model just timed, its rows coupled. The shallower depth is a view of the deeper
-    model's first layers (`at_depth`), and one format's model is alive at a time besides the float32 original."""
+    `repeats` kept: noise only adds). Each format's model is made for it alone, at the deeper depth: a float one
+    has its random weights drawn in its own dtype; an int8 or 4-bit one has its codes drawn (`_drawn`) on a
+    model whose float weights are never filled (nor read); int8-dynamic is the int8 model just timed, its rows
+    coupled. The shallower depth is a view of the deeper model's first layers (`at_depth`), and one format's model
+    is alive at a time. The integer formats are timed first (the cheapest to make); a format whose first
+    SCREEN_REPEATS already score SCREEN_MARGIN times the fastest timed so far keeps those (`_timed`)."""
     deep = functools.partial(random_model, config, max(LAYERS), device)
-    floats = deep() if set(formats) - set(CPU_ONLY) else None  # drawn once, where a format reads it
+    formats = list(formats)
+    ordered = sorted(formats, key=lambda f: f not in CPU_ONLY)  # stable: int8 stays just before int8-dynamic
     with quant.weights_kept():  # int8-dynamic couples the int8 model's weights as they are, never unpacked
-        return _time_each(floats, deep, config.num_hidden_layers, formats, repeats)
+        timings = _time_each(deep, config.num_hidden_layers, ordered, repeats)
+    return sorted(timings, key=lambda t: formats.index(t.format))  # in the order asked
 
 
-def _time_each(floats: torch.nn.Module | None, deep, depth: int, formats, repeats: int) -> list[FormatTiming]:
+def _time_each(deep, depth: int, formats, repeats: int) -> list[FormatTiming]:
     timings, int8 = [], None
     for format_ in formats:
         if format_ == "int8-dynamic" and int8 is not None:
@@ -187,32 +193,45 @@ def _time_each(floats: torch.nn.Module | None, deep, depth: int, formats, repeat
         elif format_ in CPU_ONLY:
             model = _drawn(deep(values=False), format_)
         else:
-            model = _drawn(copy.deepcopy(floats).to(_dtype(format_)), format_)
-        timings.append(_timed(model, depth, format_, repeats))
+            model = _drawn(deep(dtype=_dtype(format_)), format_)
+        bar = min((t.score_s for t in timings), default=float("inf")) * SCREEN_MARGIN
+        timings.append(_timed(model, depth, format_, repeats, bar))
         int8 = model if format_ == "int8" else None
-        del model  # before the next format's copy is made: one format's model alive at a time
+        del model  # before the next format's model is made: one format's model alive at a time
     return timings
 
 
-def _timed(deep: torch.nn.Module, depth: int, format_: str, repeats: int) -> FormatTiming:
+def _timed(deep: torch.nn.Module, depth: int, format_: str, repeats: int, bar: float = float("inf")) -> FormatTiming:
+    """`format_`'s timing from `deep` (SCREEN_REPEATS repeats first; the rest only where those score under
+    `bar`)."""
     caches = {layers: primed_cache(at_depth(deep, layers)) for layers in LAYERS}
     for lm, base in caches.values():
         forward_seconds(lm, base, 1)  # warm-up
-    samples = interleaved({(layers, n): functools.partial(forward_seconds, *caches[layers], n)
-                           for layers in LAYERS for n in (1, VERIFY_ROWS)}, repeats)
+    forwards = {(layers, n): functools.partial(forward_seconds, *caches[layers], n)
+                for layers in LAYERS for n in (1, VERIFY_ROWS)}
+    screen = min(SCREEN_REPEATS, repeats)
+    samples = interleaved(forwards, screen)
+    if repeats > screen and _extrapolated(samples, depth).score_s < bar:
+        for key, values in interleaved(forwards, repeats - screen).items():
+            samples[key] += values
+    return _extrapolated(samples, depth, format_)
+
+
+def _extrapolated(samples: dict, depth: int, format_: str = "") -> FormatTiming:
+    """The timing at `depth` from the fastest sample of each (layers, rows): t(L) = t(low) + (L - low)·per_layer."""
     fastest = {key: min(values) for key, values in samples.items()}
     low, high = LAYERS
 
-    def extrapolated(n: int) -> float:  # t(L) = t(low) + (L - low) * per_layer
+    def at(n: int) -> float:
         per_layer = max(fastest[(high, n)] - fastest[(low, n)], 0.0) / (high - low)
         return fastest[(low, n)] + (depth - low) * per_layer
 
-    return FormatTiming(format_, extrapolated(1), extrapolated(VERIFY_ROWS))
+    return FormatTiming(format_, at(1), at(VERIFY_ROWS))
 
 
 def build(config, format_: str, layers: int, device: str = "cpu") -> torch.nn.Module:
     """A random-weight model of `config`'s architecture with `layers` decoder layers, in `format_`, in eval mode."""
-    return _drawn(random_model(config, layers, device, values=format_ not in CPU_ONLY).to(_dtype(format_)), format_)
+    return _drawn(random_model(config, layers, device, values=format_ not in CPU_ONLY, dtype=_dtype(format_)), format_)
 
 
 def _drawn(model: torch.nn.Module, format_: str) -> torch.nn.Module:
@@ -222,18 +241,20 @@ def _drawn(model: torch.nn.Module, format_: str) -> torch.nn.Module:
         return to_format(model, format_)
 
 
-def random_model(config, layers: int, device: str = "cpu", values: bool = True) -> torch.nn.Module:
-    """A float32 model of `config`'s architecture with `layers` decoder layers and random unit-scale weights
+def random_model(config, layers: int, device: str = "cpu", values: bool = True,
+                 dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A model of `config`'s architecture in `dtype` with `layers` decoder layers and random unit-scale weights
     (values=False: its matrices left unfilled, for a format that draws its own codes, `_drawn`)."""
     with no_init_weights():  # values are filled below, cheaply: timings depend on shapes, not values
-        model = AutoModelForCausalLM.from_config(_config_at_depth(config, layers), dtype=torch.float32).eval()
+        model = AutoModelForCausalLM.from_config(_config_at_depth(config, layers), dtype=dtype).eval()
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():  # unit-scale activations: tiny weights would decay them to subnormals, slow on a CPU
         for name, parameter in model.named_parameters():
             if parameter.dim() == 1:
                 parameter.fill_(0.0 if name.endswith("bias") else 1.0)  # norms 1, biases 0
-            elif values:
-                parameter.normal_(0.0, parameter.shape[-1] ** -0.5, generator=generator)  # in place: no copy
+            elif values:  # in place, no copy; uniform of std in**-0.5 (cheaper to draw than a normal)
+                bound = (3 / parameter.shape[-1]) ** 0.5
+                parameter.uniform_(-bound, bound, generator=generator)
     return model.to(device)
 
 
