@@ -33,6 +33,19 @@ def quantized(arch: str, seed: int = 0, **config) -> torch.nn.Module:
     return quantize_int8(model)
 
 
+def test_a_weight_quantized_in_blocks_of_rows_is_the_whole_weight_quantized(monkeypatch):
+    """`quantize_weight` takes BLOCK_BYTES of rows at a time: the codes and scales of one pass over the whole
+    weight, bit for bit, a last partial block and an all-zero row included."""
+    torch.manual_seed(0)
+    weight = torch.randn(1000, 96) * 0.05
+    weight[7] = 0.0
+    monkeypatch.setattr(quant, "BLOCK_BYTES", 4 * 96 * 64)  # 64 rows a block: 16 blocks, the last one of 40
+    codes, scales = quant.quantize_weight(weight)
+    whole, whole_scales = quant._quantize_rows(weight, quant.weight_limit())
+    assert codes.dtype == torch.int8 and torch.equal(codes, whole.to(torch.int8))
+    assert torch.equal(scales, whole_scales) and not codes[7].any()
+
+
 @pytest.mark.parametrize("shape", [(48, 64), (200, 96), (8960 // 8, 1536 // 4)])
 def test_int8_linear_row_i_of_m_rows_is_row_i_alone(shape):
     torch.manual_seed(0)
