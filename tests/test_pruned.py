@@ -35,10 +35,12 @@ def test_a_token_outside_the_set_is_never_proposed(pair):
         assert odd.abs().sum() == 0 and torch.allclose(proposal.p_draft.sum(-1), torch.ones(4))
 
 
-def test_the_set_distribution_is_the_draft_renormalised(pair):
-    """p_draft over the set = the full head's softmax restricted to the set and renormalised."""
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_set_distribution_is_the_draft_renormalised(pair, temperature):
+    """p_draft over the set = the full head's softmax restricted to the set and renormalised: chosen over the set's
+    own logits (greedy) or over the target's vocabulary (sampling), spread over the target's vocabulary either way."""
     _, draft = pair
-    policy = SamplingPolicy(1.0, 1.0, torch.Generator(), 128)
+    policy = SamplingPolicy(temperature, 1.0, torch.Generator().manual_seed(0), 128)
     full = ModelDrafter(draft)
     full.prefill(PROMPT)
     pruned = PrunedVocabularyDrafter(draft, KEPT)
@@ -48,6 +50,8 @@ def test_the_set_distribution_is_the_draft_renormalised(pair):
     restricted = torch.zeros_like(p_full)
     restricted[KEPT] = p_full[KEPT] / p_full[KEPT].sum()
     assert torch.allclose(p_pruned, restricted, atol=1e-5)
+    if temperature == 0.0:
+        assert pruned.propose(PROMPT, 1, policy).token_ids == [int(restricted.argmax())]
 
 
 def test_only_the_sets_rows_of_the_head_are_computed_and_the_model_is_untouched(pair):

@@ -132,25 +132,36 @@ class ModelDrafter:
         return self.lm.prefill(prompt_ids)
 
     def propose(self, context_ids: list[int], n: int, policy: SamplingPolicy) -> Proposal:
-        tokens, rows, elapsed = [], [], 0.0
+        tokens, rows, ids, elapsed = [], [], None, 0.0
         feed = self.lm.pending(context_ids)
         for _ in range(n):
             logits, seconds = self.lm.forward(feed)
             elapsed += seconds
-            logits = self.target_logits(logits[-1], policy.vocab_size)  # [V_target]
-            probs = policy.probs(logits)
-            token = policy.choose(logits, probs)
-            tokens.append(token)
+            candidates, ids = self.candidates(logits[-1], policy)  # [C] logits, the target id of each (None: C = V)
+            probs = policy.probs(candidates)  # [C]
+            index = policy.choose(candidates, probs)
+            tokens.append(index if ids is None else int(ids[index]))
             rows.append(probs)
-            feed = [token]
-            if policy.greedy and float(probs[token]) < policy.stop_below:
+            feed = tokens[-1:]
+            if policy.greedy and float(probs[index]) < policy.stop_below:
                 break  # unsure of this token: the ones after it would rarely pass
-        p_draft = torch.stack(rows) if rows else None  # [len, V_target]
+        p_draft = over_target_vocab(torch.stack(rows), ids, policy.vocab_size) if rows else None  # [len, V_target]
         return Proposal(tokens, p_draft, elapsed, len(tokens))
 
-    def target_logits(self, logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
-        """The draft's [V_draft] logits as [V_target] logits over the shared ids (`to_target_vocab`)."""
-        return to_target_vocab(logits, vocab_size)
+    def candidates(self, logits: torch.Tensor, policy: SamplingPolicy) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The logits the next token is chosen from and the target id of each (None: they are the target's whole
+        vocabulary in order): the draft's [V_draft] logits over the shared ids (`to_target_vocab`)."""
+        return to_target_vocab(logits, policy.vocab_size), None
+
+
+def over_target_vocab(probs: torch.Tensor, ids: torch.Tensor | None, vocab_size: int) -> torch.Tensor:
+    """[len, C] probabilities over candidates with target ids `ids` [C] -> [len, V_target], 0 elsewhere (None: as
+    they are)."""
+    if ids is None:
+        return probs
+    spread = probs.new_zeros(probs.shape[0], vocab_size)
+    spread[:, ids] = probs
+    return spread
 
 
 def as_drafter(draft, target_model) -> Drafter:

@@ -179,7 +179,8 @@ def _round(verifier: CachedLM, drafter: Drafter, context: list[int], n: int,
     # target_logits: [len(drafts)+1, V], row i = next-token logits after context + drafts[:i]
     target_logits, target_time = verifier.forward(verifier.pending(context) + drafts,
                                                   logits_to_keep=len(drafts) + 1)
-    p_target = policy.probs(target_logits)  # [len(drafts)+1, V]
+    # p_target: [len(drafts)+1, V]; greedy [len(drafts), V]: only the drafted tokens' probabilities are read
+    p_target = policy.probs(target_logits[:len(drafts)] if policy.greedy else target_logits)
     p_draft = proposal.draft_distributions(policy.vocab_size)  # [len(drafts), V]
     verdict = _verify(drafts, target_logits, p_draft, p_target, policy)
     top = target_logits.topk(min(TOP_KEPT, target_logits.shape[-1]), dim=-1)  # values, indices: [n+1, 2]

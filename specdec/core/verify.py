@@ -34,7 +34,7 @@ def logits_to_probs(logits: torch.Tensor, temperature: float, top_p: float) -> t
     logits: [..., V] -> probs [..., V] (float32). Top-p keeps the smallest set of tokens whose
     mass reaches top_p (the most likely token is always kept) and renormalises.
     """
-    scaled = logits.float() / (temperature if temperature > 0 else 1.0)
+    scaled = logits.float() if temperature in (0.0, 1.0) else logits.float() / temperature  # x / 1 is x: no copy
     probs = torch.softmax(scaled, dim=-1)
     if top_p >= 1.0:
         return probs

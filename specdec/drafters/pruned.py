@@ -19,7 +19,7 @@ from typing import Iterable
 
 import torch
 
-from specdec.core.drafter import ModelDrafter
+from specdec.core.drafter import ModelDrafter, SamplingPolicy
 from specdec.core.inputs import parse_json
 
 class PrunedVocabularyDrafter(ModelDrafter):
@@ -35,12 +35,16 @@ class PrunedVocabularyDrafter(ModelDrafter):
         self.token_ids = torch.tensor(ids, dtype=torch.long)  # [S] the set, sorted
         super().__init__(_with_head_rows(model, self.token_ids))
 
-    def target_logits(self, logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
-        """[S] logits over the set -> [V_target] logits, -inf at every id outside the set."""
-        full = logits.new_full((vocab_size,), float("-inf"))
-        keep = self.token_ids < vocab_size
+    def candidates(self, logits: torch.Tensor, policy: SamplingPolicy) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Greedy: the set's [S] logits and their ids as they are (nothing spread over the target's vocabulary per
+        token); sampling: [V_target] logits, -inf at every id outside the set, so a draw takes the same index
+        space as an unpruned draft's."""
+        if policy.greedy and int(self.token_ids[-1]) < policy.vocab_size:
+            return logits, self.token_ids
+        full = logits.new_full((policy.vocab_size,), float("-inf"))
+        keep = self.token_ids < policy.vocab_size
         full[self.token_ids[keep]] = logits[keep]
-        return full
+        return full, None
 
 
 def _with_head_rows(model: torch.nn.Module, token_ids: torch.Tensor) -> torch.nn.Module:
