@@ -211,13 +211,13 @@ def _timed(deep: torch.nn.Module, depth: int, format_: str, repeats: int, bar: f
                 for layers in LAYERS for n in (1, VERIFY_ROWS)}
     screen = min(SCREEN_REPEATS, repeats)
     samples = interleaved(forwards, screen)
-    if repeats > screen and _extrapolated(samples, depth).score_s < bar:
+    if repeats > screen and _extrapolated(samples, depth, format_).score_s < bar:
         for key, values in interleaved(forwards, repeats - screen).items():
             samples[key] += values
     return _extrapolated(samples, depth, format_)
 
 
-def _extrapolated(samples: dict, depth: int, format_: str = "") -> FormatTiming:
+def _extrapolated(samples: dict, depth: int, format_: str) -> FormatTiming:
     """The timing at `depth` from the fastest sample of each (layers, rows): t(L) = t(low) + (L - low)·per_layer."""
     fastest = {key: min(values) for key, values in samples.items()}
     low, high = LAYERS
