@@ -36,13 +36,13 @@ def timed(monkeypatch, tmp_path):
         calls.append("verification")
         return STEP_S, VERIFY[:n_max], []
 
-    def measure_draft_step(target_model, drafter, repeats, budget=None):
+    def measure_draft_cost(target_model, drafter, repeats, budget=None):
         calls.append("draft step")
-        return DRAFT_S
+        return DRAFT_S / STEP_S
 
     monkeypatch.setattr(formats, "time_formats", time_formats)
     monkeypatch.setattr(calibration, "measure_verification", measure_verification)
-    monkeypatch.setattr(calibration, "measure_draft_step", measure_draft_step)
+    monkeypatch.setattr(calibration, "measure_draft_cost", measure_draft_cost)
     return calls
 
 

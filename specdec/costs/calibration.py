@@ -7,7 +7,8 @@ dtype's kernels). `calibrate` measures, for the loaded pair, dtype and thread co
 
 - v(n) = median time of a target forward over n new tokens / median time of a one-token step,
   for n = 1..n_max, after a 64-token context (`specdec.core.forwards`), the sizes interleaved and repeated;
-- c = median time of one draft forward / the target's one-token step (Leviathan's c);
+- c = median time of one draft forward / median time of the target's one-token step (Leviathan's c), the two
+  timed in turn in one loop, so a drift of the machine's speed between them moves both sides of the ratio;
 
 and `CostModel.predicted_speedup(alpha, k)` = E[tokens per round] / (v(k+1) + k*c)
 (`specdec.core.theory.predicted_speedup`). Results are cached as JSON under `$SPECDEC_CACHE/costs/`, one file
@@ -20,7 +21,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import statistics
 from dataclasses import asdict
 from pathlib import Path
 
@@ -29,19 +29,20 @@ import torch
 from specdec.core import files, hardware
 from specdec.core.costmodel import CostModel, TargetCosts
 from specdec.core.drafter import Drafter, NoDraft, SamplingPolicy, as_drafter
-from specdec.core.forwards import forward_seconds, primed_cache, timing_context
+from specdec.core.forwards import forward_seconds, primed_cache
 from specdec.core.inputs import unwrap, vocab_size
 from specdec.core.limits import K_AUTO_MAX, Budget
-from specdec.core.timing import interleaved, medians
+from specdec.core.timing import interleaved, medians, warm_up
 from specdec.models import cache
 from specdec.models.formats import format_of
 from specdec.models.quant import kernel_path
 from specdec.models.speed import set_rows_first
 
 REPEATS = 3  # timed forwards per size; the median is kept
+DRAFT_REPEATS = 9  # draft forwards timed for c, each beside a one-token target step (a draft forward is cheap)
 N_MAX = K_AUTO_MAX + 1  # largest verification size calibrated: k_max drafts plus the target's own token
 MEASURING = "measuring what verification and drafting cost on this machine"  # what a BudgetExceeded says
-METHOD = 6  # bump when what a calibration measures changes (6: int8 models run `specdec.models.int8_forward`)
+METHOD = 7  # bump when what a calibration measures changes (7: c from draft forwards and target steps in turn)
 
 
 def calibrate(target, draft=None, *, n_max: int = N_MAX, repeats: int = REPEATS, recalibrate: bool = False,
@@ -66,7 +67,7 @@ def calibrate(target, draft=None, *, n_max: int = N_MAX, repeats: int = REPEATS,
     draft_model = _own_model(drafter, target_model)
     if stored is None:
         rows_first = measure_verification(draft_model, 2, repeats, budget)[2] if draft_model is not None else []
-        stored = {"draft_cost": measure_draft_step(target_model, drafter, repeats, budget) / target_costs.step_s,
+        stored = {"draft_cost": measure_draft_cost(target_model, drafter, max(repeats, DRAFT_REPEATS), budget),
                   "rows_first": rows_first}
         _store(folder, draft_key, stored)
         fresh = True
@@ -127,21 +128,29 @@ def measure_verification(model: torch.nn.Module, n_max: int, repeats: int,
     return step_s, [seconds[(n, best[n])] / step_s for n in sizes], [n for n in sizes if n > 1 and best[n]]
 
 
-def measure_draft_step(target_model: torch.nn.Module, drafter: Drafter, repeats: int,
+def measure_draft_cost(target_model: torch.nn.Module, drafter: Drafter, repeats: int,
                        budget: Budget = Budget()) -> float:
-    """Median seconds per draft forward of a one-token proposal (a model-free drafter: per proposal).
+    """c: the median seconds per draft forward of a one-token proposal (a model-free drafter: per proposal) over
+    the median seconds of a one-token target step, the two timed in turn (`interleaved`), `repeats` of each.
 
-    The context repeats no token, so a hybrid's prompt lookup finds nothing and its model drafts."""
-    context = timing_context(target_model)
+    Both read the same context, which repeats no token, so a hybrid's prompt lookup finds nothing and its model
+    drafts."""
+    lm, base = primed_cache(target_model)
     policy = SamplingPolicy(0.0, 1.0, torch.Generator(), vocab_size(target_model))
-    drafter.prefill(context)
-    drafter.propose(context, 1, policy)  # warm-up
-    per_forward = []
-    for _ in range(repeats):
+    drafter.prefill(base)
+
+    def draft() -> float:
         budget.check(MEASURING)
-        proposal = drafter.propose(context, 1, policy)
-        per_forward.append(proposal.time_s / max(proposal.forwards, 1))
-    return statistics.median(per_forward)
+        proposal = drafter.propose(base, 1, policy)
+        return proposal.time_s / max(proposal.forwards, 1)
+
+    def step() -> float:
+        budget.check(MEASURING)
+        return forward_seconds(lm, base, 1)
+
+    warm_up(draft, step)
+    seconds = medians(interleaved({"draft": draft, "step": step}, repeats))
+    return seconds["draft"] / seconds["step"]
 
 
 def _identity(model_or_loaded) -> str:
