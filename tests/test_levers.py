@@ -137,6 +137,20 @@ def test_weight_bytes_count_each_linear_once_in_its_stored_format(quant):
     assert breakdown.weight_bytes_per_step(model) == expected
 
 
+@pytest.mark.parametrize("faster", ["mv", "sum"])
+def test_the_read_speed_is_the_faster_of_a_matrix_vector_product_and_a_sum(monkeypatch, faster):
+    """Either may read at the memory's speed, depending on the CPU and its math library: the floor is the faster."""
+    seconds = {"mv": 2.0, "sum": 2.0, faster: 1.0}
+    monkeypatch.setattr(breakdown, "time_median", lambda read, repeats, device: (None, seconds[read_name(read)]))
+    n_bytes = breakdown.READ_WIDTH * 4 * 8  # 8 rows of float32
+    assert breakdown.read_bandwidth(n_bytes) == n_bytes / 1.0
+
+
+def read_name(read) -> str:
+    """"mv" for the matrix-vector product `read_bandwidth` times, "sum" for the plain sum."""
+    return "mv" if getattr(read, "func", None) is torch.mv else "sum"
+
+
 def test_profile_refuses_an_unknown_lever(paths, capsys):
     assert main(["profile", "--target", paths["target"], "--levers", "threads"]) == 1
     assert "unknown lever(s) threads" in capsys.readouterr().err

@@ -18,8 +18,8 @@ self time of its range, listed as "(Python in <range>)".
 The profiler slows Python down, so the shares matter more than the absolute milliseconds.
 
 The memory floor: a one-token step reads every weight once (`weight_bytes_per_step`); at this machine's read
-bandwidth (`read_bandwidth`, a matrix-vector product over a buffer far beyond any cache) that alone
-takes bytes / bandwidth, however fast the kernels, so no one-token step of this model in this format is faster.
+bandwidth (`read_bandwidth`, the faster of a matrix-vector product and a plain sum over a buffer far beyond any
+cache) that alone takes bytes / bandwidth, however fast the kernels, so no one-token step of this model in this format is faster.
 """
 from __future__ import annotations
 
@@ -159,15 +159,17 @@ def weight_bytes_per_step(model: torch.nn.Module) -> int:
 
 
 def read_bandwidth(n_bytes: int, repeats: int = 5) -> float:
-    """Bytes per second this machine reads weights from memory: the median time of a float32 matrix-vector product
-    over a buffer of `n_bytes` (at most READ_BUFFER_MAX, already far beyond any cache), a one-token step's access
-    pattern (a plain sum over the same buffer reads slower: it is no floor for a step)."""
+    """Bytes per second this machine reads weights from memory: the faster of a float32 matrix-vector product (a
+    one-token step's access pattern) and a plain sum over one buffer of `n_bytes` (at most READ_BUFFER_MAX, already
+    far beyond any cache), medians of `repeats`. Which of the two reads at the memory's speed depends on the CPU and
+    its math library: on one CPU the product read 29 GB/s and the sum 23-24; on another the sum 42 and the product
+    23, where fbgemm's int8 kernel read 43."""
     width = READ_WIDTH
     matrix = torch.ones(max(min(n_bytes, READ_BUFFER_MAX) // (4 * width), 1), width)  # [bytes / 4 / width, width]
     vector = torch.ones(width)  # [width]
-    product = functools.partial(torch.mv, matrix, vector)
-    warm_up(product)
-    return matrix.numel() * 4 / time_median(product, repeats, matrix.device)[1]
+    reads = (functools.partial(torch.mv, matrix, vector), matrix.sum)
+    warm_up(*reads)
+    return matrix.numel() * 4 / min(time_median(read, repeats, matrix.device)[1] for read in reads)
 
 
 def print_breakdown(title: str, breakdown: Breakdown) -> None:
