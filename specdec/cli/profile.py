@@ -201,8 +201,9 @@ def print_breakdowns(model, forwards: int) -> None:
     bandwidth = breakdown.read_bandwidth(weights)
     floor_s = weights / bandwidth
     print(f"memory floor: a one-token step reads {weights / 1e6:.0f} MB of weights; this machine reads "
-          f"{bandwidth / 1e9:.1f} GB/s (a matrix-vector product over a large buffer), so the weights alone take "
-          f"{floor_s * 1000:.1f} ms: at most {1 / floor_s:.1f} tokens/s for this target in this format")
+          f"{bandwidth / 1e9:.1f} GB/s (the faster of a matrix-vector product and a sum over a large buffer), "
+          f"so the weights alone take {floor_s * 1000:.1f} ms: at most {1 / floor_s:.1f} tokens/s for this target "
+          "in this format")
 
 
 def print_kernels(target) -> None:

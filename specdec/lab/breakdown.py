@@ -19,7 +19,8 @@ The profiler slows Python down, so the shares matter more than the absolute mill
 
 The memory floor: a one-token step reads every weight once (`weight_bytes_per_step`); at this machine's read
 bandwidth (`read_bandwidth`, the faster of a matrix-vector product and a plain sum over a buffer far beyond any
-cache) that alone takes bytes / bandwidth, however fast the kernels, so no one-token step of this model in this format is faster.
+cache) that alone takes bytes / bandwidth, however fast the kernels, so no one-token step of this model in this
+format is faster.
 """
 from __future__ import annotations
 
