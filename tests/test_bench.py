@@ -271,6 +271,32 @@ def test_cells_are_timed_by_the_shared_harness_first_output_median_time(monkeypa
     assert calls == ["a", "b"]
 
 
+
+def test_a_cells_methods_are_timed_in_turn_each_keeping_its_first_output_and_median(monkeypatch):
+    """The target alone and ours alternate (a, b, b, a, a, b: each repeat starts one method later), so a drift of
+    the machine's speed moves both; each keeps its first run's output and its median seconds."""
+    from types import SimpleNamespace
+
+    from specdec.core import timing
+    from specdec.lab import measure
+
+    now, order = [0.0], []
+    durations = {"alone": iter([5.0, 1.0, 2.0]), "ours": iter([4.0, 6.0, 8.0])}
+    outputs = {"alone": iter([[1], [2], [3]]), "ours": iter([[4], [5], [6]])}
+
+    def method(name):
+        def run():
+            order.append(name)
+            now[0] += next(durations[name])
+            return next(outputs[name])
+        return run
+
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    runs = measure.time_in_turn({"alone": method("alone"), "ours": method("ours")}, repeats=3, device="cpu")
+    assert order == ["alone", "ours", "ours", "alone", "alone", "ours"]
+    assert (runs["alone"].seconds, runs["ours"].seconds) == (2.0, 6.0)
+    assert (runs["alone"].token_ids, runs["ours"].token_ids) == ([1], [4])
+
 # --- the CLI on tiny folders -----------------------------------------------------------------
 
 def ids_folder(path, seed):

@@ -2,7 +2,9 @@
 
 `time_generation` times a generation the way every measurement does (`DraftTrials` here, the bench's cells in
 `specdec.lab.bench.run`): after untimed first calls (`specdec.core.timing.warm_up`), `repeats` runs through
-`specdec.core.timing.time_median` (the device synchronised around each), the first output and the median kept.
+`specdec.core.timing.time_median` (the device synchronised around each), the first output and the median kept;
+`time_in_turn` does the same for several methods, their runs taken in turn (a bench cell's target alone, ours
+and HF assisted).
 `DraftTrials` runs drafts on fixed prompts, greedy, against a target-alone baseline measured once
 after a warm-up. `calibrate_layers` picks the L of self-speculation (`specdec.drafters.selfspec`) by
 Leviathan's bound (Leviathan et al. 2023) measured on a few prompts; `recommend_fallback` compares
@@ -10,15 +12,17 @@ the best L with prompt lookup for the acceptance probe.
 """
 from __future__ import annotations
 
+import functools
+import statistics
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import Callable, Mapping
 
 import torch
 
 from specdec.core.drafter import Drafter
 from specdec.core.engine import autoregressive_generate, speculative_generate
 from specdec.core.inputs import unwrap
-from specdec.core.timing import time_median, warm_up
+from specdec.core.timing import interleaved, time_median, timed, warm_up
 from specdec.core.trace import pooled_stats, ratio
 from specdec.drafters.lookup import PromptLookupDraft
 from specdec.drafters.selfspec import SelfSpeculativeDraft, decoder_layers
@@ -46,6 +50,22 @@ class Timed:
 def time_generation(generate: Callable[[], object], repeats: int, device: torch.device | str | None) -> Timed:
     """Run `generate` `repeats` times (at least once) on a model on `device`: its first output, the median seconds."""
     return Timed(*time_median(generate, repeats, device))
+
+
+def time_in_turn(generates: Mapping[str, Callable[[], object]], repeats: int,
+                 device: torch.device | str | None) -> dict[str, Timed]:
+    """Each of `generates` run `repeats` times (at least once), the methods in turn (a, b, a, b, ...:
+    `specdec.core.timing.interleaved`), on a model on `device`: each one's first output and median seconds. A drift
+    of the machine's speed then moves every method alike, so their ratio holds where their absolute times do not."""
+    outputs: dict[str, object] = {}
+
+    def run(name: str) -> float:
+        output, seconds = timed(generates[name], device)
+        outputs.setdefault(name, output)
+        return seconds
+
+    samples = interleaved({name: functools.partial(run, name) for name in generates}, max(repeats, 1))
+    return {name: Timed(outputs[name], statistics.median(seconds)) for name, seconds in samples.items()}
 
 
 @dataclass

@@ -6,9 +6,10 @@ For every (draft, k, prompt) *cell* it times, on the same prompt ids and length 
 - Hugging Face assisted generation, `target.generate(assistant_model=draft)` with k constant
   (only for model drafts whose vocabulary size equals the target's);
 - Hugging Face plain `target.generate()`.
-Each method runs `repeats` times (median wall time); with greedy decoding the outputs of ours and
-of both HF methods are compared token by token with the target alone and divergences are kept
-in the row, never hidden (bf16 batched-vs-single-token near-ties do happen).
+Each method runs `repeats` times (median wall time); a cell's target alone, ours and HF assisted take their runs in
+turn (`specdec.lab.measure.time_in_turn`), so a drift of the machine's speed moves them alike and the cell's ratios
+hold. With greedy decoding the outputs of ours and of both HF methods are compared token by token with the target
+alone and divergences are kept in the row, never hidden (bf16 batched-vs-single-token near-ties do happen).
 
 Rows go to the run folder (`specdec.lab.bench.store`) as soon as a cell finishes; `specdec.lab.bench.summary`
 aggregates them. Metric definitions: `specdec.core.metrics`. This module returns data and never prints;
@@ -35,7 +36,7 @@ from specdec.core.suites import Prompt, encode
 from specdec.core.timing import warm_up
 from specdec.core.trace import Counts, explain_divergence, first_divergence, ratio
 from specdec.lab.bench.store import RESULTS_CSV, append_row, check_run_folder, read_rows, row_key, write_csv
-from specdec.lab.measure import Timed, WARMUP_TOKENS, time_generation
+from specdec.lab.measure import Timed, WARMUP_TOKENS, time_generation, time_in_turn
 
 
 @dataclass
@@ -121,11 +122,10 @@ def run_bench(target, contenders: list[Contender], prompts: list[Prompt], ks: li
         if not todo[prompt.id]:
             continue
         ids = encode(prompt, tokenizer)
-        alone = time_generation(_target_alone(target_model, ids, config), config.repeats, target_model.device)
         plain = (time_generation(_hf(target_model, None, ids, 0, config), config.repeats, target_model.device)
                  if hf_plain else None)
         for entry, k in todo[prompt.id]:
-            row = _cell(target_model, entry, k, prompt, ids, config, alone, plain)
+            row = _cell(target_model, entry, k, prompt, ids, config, plain)
             append_row(out, row)
             if on_cell is not None:
                 on_cell(row)
@@ -150,10 +150,14 @@ def cells_to_run(out_dir: str | Path, contenders: list[Contender], prompts: list
 
 
 def _cell(target_model, entry: Contender, k, prompt: Prompt, ids: list[int], config: BenchConfig,
-          alone: Timed, plain: Timed | None) -> dict:
-    ours = time_generation(_ours(target_model, entry, ids, k, config), config.repeats, target_model.device)
-    assisted = (time_generation(_hf(target_model, entry.hf_assistant, ids, k, config), config.repeats,
-                                target_model.device) if entry.hf_assistant is not None else None)
+          plain: Timed | None) -> dict:
+    """One cell's row: the target alone, ours and HF assisted (a model draft of the target's vocabulary size)
+    timed in turn."""
+    methods = {"alone": _target_alone(target_model, ids, config), "ours": _ours(target_model, entry, ids, k, config)}
+    if entry.hf_assistant is not None:
+        methods["assisted"] = _hf(target_model, entry.hf_assistant, ids, k, config)
+    runs = time_in_turn(methods, config.repeats, target_model.device)
+    alone, ours, assisted = runs["alone"], runs["ours"], runs.get("assisted")
     stats = ours.output.stats
     greedy = config.temperature == 0
     return {
