@@ -47,6 +47,27 @@ def test_calibration_is_measured_once_then_cached_and_recalibrated_on_request(pa
     assert lookup.draft_key != first.draft_key  # another draft: its own cost entry
 
 
+
+def test_a_recalibration_of_several_drafts_measures_the_targets_curve_once(pair, tmp_path, monkeypatch):
+    """Every draft is priced with the one curve the cache keeps (measured again per draft, each measurement would
+    replace the one the drafts before it were priced with)."""
+    target, draft = pair
+    measured = []
+    real = calibration.measure_verification
+
+    def counting(model, n_max, repeats, budget=None):
+        measured.append(model is target)
+        return real(model, n_max, repeats)
+
+    monkeypatch.setattr(calibration, "measure_verification", counting)
+    drafts = {"model": draft, "none": None}
+    first = calibration.calibrate_drafts(target, drafts, n_max=3, repeats=1, cache_dir=tmp_path)
+    again = calibration.calibrate_drafts(target, drafts, n_max=3, repeats=1, cache_dir=tmp_path, recalibrate=True)
+    assert measured.count(True) == 2  # once per call, not once per draft
+    assert all(costs.measured_now for costs in again.values())  # each draft's c measured again
+    assert again["model"].target == again["none"].target != first["model"].target
+    assert cached_costs(target, draft, n_max=3, repeats=1, cache_dir=tmp_path).target == again["model"].target
+
 def test_cached_costs_are_read_without_measuring(pair, tmp_path):
     target, draft = pair
     assert cached_costs(target, draft, n_max=3, repeats=1, cache_dir=tmp_path) is None

@@ -43,7 +43,7 @@ import torch
 from specdec.core.inputs import unwrap
 from specdec.core.limits import K_AUTO_MAX
 from specdec.core.timing import time_median, warm_up
-from specdec.costs.calibration import calibrate
+from specdec.costs.calibration import calibrate, calibrate_drafts
 from specdec.costs.profile import measured_profile, save_profile
 from specdec.lab import breakdown, levers, paths
 from specdec.lab.quality import quality_lines
@@ -108,7 +108,7 @@ def run(args) -> int:
             print_breakdowns(target.model, args.forwards)
         return 0
     drafts = {spec: _draft(spec, target, args.draft_dtype, args.random_weights) for spec in args.draft}
-    costs = {spec: calibrate(target, draft, recalibrate=args.recalibrate) for spec, draft in drafts.items()}
+    costs = calibrate_drafts(target, drafts, recalibrate=args.recalibrate)
     measured = list(costs.values()) or [calibrate(target, None, recalibrate=args.recalibrate)]
     curve = measured[0].target
     source = "measured now" if any(c.measured_now for c in measured) else "cached; --recalibrate measures again"

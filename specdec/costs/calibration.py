@@ -23,6 +23,7 @@ import hashlib
 import json
 from dataclasses import asdict
 from pathlib import Path
+from typing import Mapping
 
 import torch
 
@@ -46,15 +47,18 @@ METHOD = 7  # bump when what a calibration measures changes (7: c from draft for
 
 
 def calibrate(target, draft=None, *, n_max: int = N_MAX, repeats: int = REPEATS, recalibrate: bool = False,
-              cache_dir: str | Path | None = None, budget: Budget = Budget()) -> CostModel:
+              cache_dir: str | Path | None = None, budget: Budget = Budget(),
+              curve: TargetCosts | None = None) -> CostModel:
     """The CostModel of `target` with `draft` (a model, LoadedModel, Drafter, or None for no draft).
 
     Cached results are returned unless `recalibrate`; a fresh measurement takes about
     (n_max + 1) * repeats target forwards plus a few draft forwards, `budget` checked before each
-    (BudgetExceeded: nothing is stored, the next call measures again).
+    (BudgetExceeded: nothing is stored, the next call measures again). `curve`, the target's curve this process
+    has just read or measured (`calibrate_drafts`), is taken as it is where it was measured for this target.
     """
     target_model, drafter, folder, target_key, draft_key = _entries(target, draft, n_max, repeats, cache_dir)
-    cached = _cached(folder, target_key, recalibrate)
+    cached = asdict(curve) if curve is not None and curve.key == target_key else _cached(folder, target_key,
+                                                                                         recalibrate)
     fresh = cached is None
     if fresh:
         step_s, verify, rows_first = measure_verification(target_model, n_max, repeats, budget)
@@ -74,6 +78,19 @@ def calibrate(target, draft=None, *, n_max: int = N_MAX, repeats: int = REPEATS,
     if draft_model is not None:
         set_rows_first(draft_model, stored.get("rows_first", ()))  # its catch-up forward reads 2 tokens
     return CostModel(target_costs, stored["draft_cost"], draft_key, fresh)
+
+
+def calibrate_drafts(target, drafts: Mapping[str, object], *, recalibrate: bool = False,
+                     **options) -> dict[str, CostModel]:
+    """`calibrate` of `target` with each of `drafts` (name -> draft), the target's curve read or measured once for
+    them all: a recalibration measures it once, not once per draft (each later measurement would replace the one
+    the drafts before were priced with)."""
+    costs: dict[str, CostModel] = {}
+    for name, draft in drafts.items():
+        first = next(iter(costs.values()), None)
+        costs[name] = calibrate(target, draft, recalibrate=recalibrate, curve=first.target if first else None,
+                                **options)
+    return costs
 
 
 def cached_costs(target, draft=None, *, n_max: int = N_MAX, repeats: int = REPEATS,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from specdec.costs.calibration import calibrate
+from specdec.costs.calibration import calibrate, calibrate_drafts
 from specdec.drafters import Vocabulary, from_spec
 from specdec.lab.breakdown import read_bandwidth, weight_bytes_per_step
 from specdec.models import formats
@@ -58,7 +58,7 @@ def measure_paths(target: str, drafts: list[str], *, device: str = "auto",
     for format_ in formats.candidates(device, "draft"):
         model = load_random(target, dtype=format_, device=device)
         made = {spec: random_draft(spec, model, format_) for spec in drafts}
-        costs = {spec: calibrate(model, draft, recalibrate=recalibrate) for spec, draft in made.items()}
+        costs = calibrate_drafts(model, made, recalibrate=recalibrate)
         curve = next(iter(costs.values())).target if costs else calibrate(model, None, recalibrate=recalibrate).target
         row = PathRow(format_, weight_bytes_per_step(model.model), curve.step_s, list(curve.verify))
         for spec, draft in made.items():
