@@ -271,7 +271,6 @@ def test_cells_are_timed_by_the_shared_harness_first_output_median_time(monkeypa
     assert calls == ["a", "b"]
 
 
-
 def test_a_cells_methods_are_timed_in_turn_each_keeping_its_first_output_and_median(monkeypatch):
     """The target alone and ours alternate (a, b, b, a, a, b: each repeat starts one method later), so a drift of
     the machine's speed moves both; each keeps its first run's output and its median seconds."""
@@ -296,6 +295,7 @@ def test_a_cells_methods_are_timed_in_turn_each_keeping_its_first_output_and_med
     assert order == ["alone", "ours", "ours", "alone", "alone", "ours"]
     assert (runs["alone"].seconds, runs["ours"].seconds) == (2.0, 6.0)
     assert (runs["alone"].token_ids, runs["ours"].token_ids) == ([1], [4])
+
 
 # --- the CLI on tiny folders -----------------------------------------------------------------
 

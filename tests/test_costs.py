@@ -47,7 +47,6 @@ def test_calibration_is_measured_once_then_cached_and_recalibrated_on_request(pa
     assert lookup.draft_key != first.draft_key  # another draft: its own cost entry
 
 
-
 def test_a_recalibration_of_several_drafts_measures_the_targets_curve_once(pair, tmp_path, monkeypatch):
     """Every draft is priced with the one curve the cache keeps (measured again per draft, each measurement would
     replace the one the drafts before it were priced with)."""

@@ -57,8 +57,8 @@ def calibrate(target, draft=None, *, n_max: int = N_MAX, repeats: int = REPEATS,
     has just read or measured (`calibrate_drafts`), is taken as it is where it was measured for this target.
     """
     target_model, drafter, folder, target_key, draft_key = _entries(target, draft, n_max, repeats, cache_dir)
-    cached = asdict(curve) if curve is not None and curve.key == target_key else _cached(folder, target_key,
-                                                                                         recalibrate)
+    reused = curve is not None and curve.key == target_key
+    cached = asdict(curve) if reused else _cached(folder, target_key, recalibrate)
     fresh = cached is None
     if fresh:
         step_s, verify, rows_first = measure_verification(target_model, n_max, repeats, budget)

@@ -1,10 +1,9 @@
 """Drafts measured against the target alone: one harness, and the self-speculation calibration built on it.
 
-`time_generation` times a generation the way every measurement does (`DraftTrials` here, the bench's cells in
-`specdec.lab.bench.run`): after untimed first calls (`specdec.core.timing.warm_up`), `repeats` runs through
-`specdec.core.timing.time_median` (the device synchronised around each), the first output and the median kept;
-`time_in_turn` does the same for several methods, their runs taken in turn (a bench cell's target alone, ours
-and HF assisted).
+`time_in_turn` times generations the way every measurement does (`DraftTrials` here, the bench's cells in
+`specdec.lab.bench.run`): after untimed first calls (`specdec.core.timing.warm_up`), `repeats` runs of each method,
+the methods in turn (a bench cell's target alone, ours and HF assisted), each run a `specdec.core.timing.timed`
+region (the device synchronised around it), the first output and the median kept; `time_generation` is one method.
 `DraftTrials` runs drafts on fixed prompts, greedy, against a target-alone baseline measured once
 after a warm-up. `calibrate_layers` picks the L of self-speculation (`specdec.drafters.selfspec`) by
 Leviathan's bound (Leviathan et al. 2023) measured on a few prompts; `recommend_fallback` compares
@@ -22,7 +21,7 @@ import torch
 from specdec.core.drafter import Drafter
 from specdec.core.engine import autoregressive_generate, speculative_generate
 from specdec.core.inputs import unwrap
-from specdec.core.timing import interleaved, time_median, timed, warm_up
+from specdec.core.timing import interleaved, timed, warm_up
 from specdec.core.trace import pooled_stats, ratio
 from specdec.drafters.lookup import PromptLookupDraft
 from specdec.drafters.selfspec import SelfSpeculativeDraft, decoder_layers
@@ -48,8 +47,9 @@ class Timed:
 
 
 def time_generation(generate: Callable[[], object], repeats: int, device: torch.device | str | None) -> Timed:
-    """Run `generate` `repeats` times (at least once) on a model on `device`: its first output, the median seconds."""
-    return Timed(*time_median(generate, repeats, device))
+    """Run `generate` `repeats` times (at least once) on a model on `device`: its first output, the median seconds
+    (`time_in_turn` of one method)."""
+    return time_in_turn({"generate": generate}, repeats, device)["generate"]
 
 
 def time_in_turn(generates: Mapping[str, Callable[[], object]], repeats: int,
