@@ -82,13 +82,12 @@ def test_each_shape_runs_the_fastest_exact_kernel_measured_here_once_per_machine
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     monkeypatch.setattr(quant, "_CHOSEN", {})
     fast, slow = exact[0], exact[1]
-    mm = quant._part(slow, "mm")
+    for other in exact[1:]:
+        def slower(x_q, packed, mm=quant._part(other, "mm")):
+            time.sleep(0.002)  # slower than any product of the probe's shape
+            return mm(x_q, packed)
 
-    def slower(x_q, packed):
-        time.sleep(0.002)  # slower than any product of the probe's shape
-        return mm(x_q, packed)
-
-    monkeypatch.setattr(quant, quant.KERNELS[slow].mm, slower)
+        monkeypatch.setattr(quant, quant.KERNELS[other].mm, slower)
     timed = []
     fastest = quant._fastest
     monkeypatch.setattr(quant, "_fastest", lambda kernels, shape: timed.append(shape) or fastest(kernels, shape))
@@ -405,7 +404,7 @@ def test_a_saturating_kernel_is_measured_inexact_for_8_bit_weights_and_exact_for
     for kernel in quant.KERNELS:
         assert not quant.exact_for(kernel, 127) and quant.exact_for(kernel, 63)
     assert quant.weight_limit() == 63 and quant.kernel_for((96, 64)) in quant.KERNELS
-    assert quant.kernel_path().endswith("/63")
+    assert quant.kernel_path().split("/")[1] == "63"
 
 
 def test_without_vnni_int8_layers_keep_7_bit_weights_on_the_fast_kernel_row_invariant(avx2_without_vnni):

@@ -7,8 +7,8 @@ row-invariant instead (kernel measurements: docs/performance.md):
 
 - `Int8Linear`: weights int8 per output channel (scale = max|w_row| / W, W = `weight_limit()`), activations int8 per ROW
   (per token: scale = max|x_row| / 127), integer GEMM with int32 sums (exact in any order: `torch._int_mm`,
-  or a packed kernel, fbgemm or oneDNN, fed integers it cannot rescale), then y = sums * w_scale[None, :] *
-  x_scale[:, None] (+ bias) elementwise. Row i depends on x[i] only. (One activation scale per tensor, as fbgemm's
+  or a packed kernel, fbgemm, oneDNN or the one compiled here (`specdec.models.native`), fed integers it
+  cannot rescale), then y = sums * w_scale[None, :] * x_scale[:, None] (+ bias) elementwise. Row i depends on x[i] only. (One activation scale per tensor, as fbgemm's
   dynamic quantization does by itself, couples the rows.) W is 127 where a packed kernel sums exactly in 32 bits
   (VNNI), and 63 where it sums pairs of u8 x s8 products in 16 bits (fbgemm on AVX2 without VNNI: 2·255·127
   saturates, 2·255·63 = 32130 fits): measured on the machine at load, never read off CPU flags, so the fast kernel
@@ -53,7 +53,7 @@ from transformers.pytorch_utils import Conv1D
 from specdec.core import files, hardware
 from specdec.core.kv import DECODER_FLAG
 from specdec.core.timing import Timer, interleaved
-from specdec.models import cache, gguf_read, int8_forward
+from specdec.models import cache, gguf_read, int8_forward, native
 from specdec.models.gguf_read import GGUFWeights
 
 ROWWISE_ATTENTION = "specdec_rowwise"  # name of rowwise_attention in transformers' attention interface
@@ -145,8 +145,10 @@ class Kernel(NamedTuple):
     unpack: str  # packed copy -> the int8 weight [N, K], bit for bit
 
 
+_native_pack, _native_mm, _native_unpack = native.pack, native.mm, native.unpack  # the kernel compiled here
 KERNELS = {"fbgemm": Kernel("_pack", "_fbgemm_mm", "_fbgemm_unpack"),
-           "onednn": Kernel("_onednn_pack", "_onednn_mm", "_onednn_unpack")}  # the packed kernels, timed where exact
+           "onednn": Kernel("_onednn_pack", "_onednn_mm", "_onednn_unpack"),
+           "native": Kernel("_native_pack", "_native_mm", "_native_unpack")}  # the packed kernels, timed where exact
 PROBE_ROWS = (1, 5)  # rows each weight shape's kernels are timed at: a one-token step, a verification of 4 drafts
 PROBE_REPEATS = 7  # timed products per kernel and row count, interleaved; the fastest kept
 PROBE_OUT_MAX = 16384  # outputs of the probe weight at most (a head's 151936 rows time in proportion)
@@ -168,14 +170,16 @@ def _packed_mm(kernel: str, x_q: torch.Tensor, packed) -> torch.Tensor:
 @functools.cache
 def exact_for(kernel: str, limit: int) -> bool:
     """Whether `kernel` gives the exact integer sums here for weights in [-limit, limit], on random and extreme
-    operands (int32 VNNI sums: any limit; pairs summed in int16, as fbgemm on AVX2 without VNNI: 63 but not 127)."""
+    operands, for 1, 5 and 9 rows (int32 VNNI sums: any limit; pairs summed in int16, as fbgemm on AVX2 without
+    VNNI: 63 but not 127)."""
     try:
         generator = torch.Generator().manual_seed(0)
         weight = torch.randint(-limit, limit + 1, (64, 256), dtype=torch.int8, generator=generator)
         weight[:8], weight[8:16] = limit, -limit  # worst cases for 16-bit pair sums
         x_q = torch.randint(-INT8_MAX, INT8_MAX + 1, (9, 256), generator=generator).float()
         x_q[0], x_q[1] = INT8_MAX, -INT8_MAX
-        return torch.equal(_packed_mm(kernel, x_q, _part(kernel, "pack")(weight)), _int_mm(x_q, weight))
+        packed = _part(kernel, "pack")(weight)
+        return all(torch.equal(_packed_mm(kernel, x_q[:m], packed), _int_mm(x_q[:m], weight)) for m in (1, 5, 9))
     except (RuntimeError, AttributeError, NotImplementedError):  # a build without that kernel
         return False
 
@@ -222,8 +226,9 @@ def forget_kernel_choices() -> None:
 
 def kernel_path() -> str:
     """What an int8 product runs here, for cache keys: the exact packed kernels (the fastest of them per shape,
-    `kernel_for`; torch._int_mm where none is) and the weight range."""
-    return f"{'+'.join(exact_kernels()) or 'int_mm'}/{weight_limit()}"
+    `kernel_for`; torch._int_mm where none is), the weight range, and the build of the kernel compiled here."""
+    built = f"/{native.build_key()}" if "native" in exact_kernels() else ""
+    return f"{'+'.join(exact_kernels()) or 'int_mm'}/{weight_limit()}{built}"
 
 
 def _fastest(kernels: list[str], shape: tuple[int, int]) -> str:
@@ -394,8 +399,8 @@ class Int8Linear(torch.nn.Module):
     """y = x W.T + b with W int8 per output channel (|w| <= weight_limit()), x int8 per row, exact integer sums
     (row-invariant).
 
-    A packed kernel (`kernel_for`: fbgemm or oneDNN, the fastest exact one here for the shape) or torch._int_mm
-    (PACKED_MIN_ROWS) give the same exact sums, then the same y = (sums * w_scale) * x_scale + b, so which kernel
+    A packed kernel (`kernel_for`: fbgemm, oneDNN or the one compiled here, the fastest exact one here for the
+    shape) or torch._int_mm (PACKED_MIN_ROWS) give the same exact sums, then the same y = (sums * w_scale) * x_scale + b, so which kernel
     ran never changes a bit.
 
     Where the packed kernel computes every product, its packed copy is the only one in memory: `weight` is then a

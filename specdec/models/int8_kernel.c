@@ -1,0 +1,167 @@
+/* specdec's int8 product, compiled on the machine that runs it (specdec/models/native.py).
+
+   out[m, n] = sum_k x[m, k] * w[n, k], exact (int32 sums), as float32. The weight is packed once as
+   [N/16][K/4][16][4] int8 (N padded to 16, K to 64): each 64-byte vector holds 4 consecutive k of 16 outputs,
+   the layout of a VNNI dot-product step and of an AMX B tile. The rows arrive shifted into uint8, xu = x + 128
+   (VNNI and AMX multiply u8 by s8); bias128[n] = 128 * sum_k w[n, k] takes the shift back out.
+
+   Three paths, each compiled where the compiler targets it (-march=native): VNNI, each weight vector read once
+   for up to 8 rows; AMX tiles, 16 rows at a time, where the OS grants them (the caller passes `tiles` from the
+   row count its timing found them faster from); without VNNI, plain C the compiler vectorizes. Every path gives
+   the same exact sums, so which one ran never changes a bit; whether this kernel runs at all is measured
+   (specdec.models.quant). */
+#include <stdint.h>
+#if defined(__AVX512VNNI__) || defined(__AMX_TILE__)
+#include <immintrin.h>
+#endif
+
+#define MB_MAX 8   /* rows one VNNI pass reads each weight vector for */
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+/* NB blocks of 16 outputs for MB rows: NB x MB accumulators of 16 int32 */
+static inline __attribute__((always_inline)) void tile(const uint8_t *xu, int64_t K, const int8_t *w,
+        const int32_t *bias128, int64_t blk, int64_t N, float *out, int64_t ldo, const int NB, const int MB) {
+    const int64_t K4 = K / 4;
+    __m512i acc[4][MB_MAX];
+    #pragma GCC unroll 8
+    for (int i = 0; i < NB; i++)
+        #pragma GCC unroll 8
+        for (int j = 0; j < MB; j++) acc[i][j] = _mm512_setzero_si512();
+    const int8_t *wb = w + blk * K4 * 64;
+    for (int64_t g = 0; g < K4; g++) {
+        #pragma GCC unroll 8
+        for (int i = 0; i < NB; i++) {
+            __m512i v = _mm512_loadu_si512(wb + (i * K4 + g) * 64);
+            #pragma GCC unroll 8
+            for (int j = 0; j < MB; j++)
+                acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], _mm512_set1_epi32(*(const int32_t *)(xu + j * K + 4 * g)), v);
+        }
+    }
+    #pragma GCC unroll 8
+    for (int i = 0; i < NB; i++) {
+        const int64_t n = (blk + i) * 16;
+        const __mmask16 keep = N - n >= 16 ? 0xFFFF : (__mmask16)((1u << (N - n)) - 1);
+        const __m512i shift = _mm512_maskz_loadu_epi32(keep, bias128 + n);
+        #pragma GCC unroll 8
+        for (int j = 0; j < MB; j++)
+            _mm512_mask_storeu_ps(out + j * ldo + n, keep, _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], shift)));
+    }
+}
+#define TILE(nb, mb) tile(xu + m * K, K, w, bias128, blk, N, out + m * ldo, ldo, nb, mb)
+static void vnni_blocks(const uint8_t *xu, int64_t M, int64_t K, const int8_t *w, const int32_t *bias128,
+                        int64_t b0, int64_t b1, int64_t N, float *out, int64_t ldo) {
+    for (int64_t m = 0; m < M; m += MB_MAX) {
+        const int mb = M - m >= MB_MAX ? MB_MAX : (int)(M - m);
+        const int step = mb <= 4 ? 4 : 2;  /* blocks of 16 outputs at a time: at most 16 accumulators */
+        int64_t blk = b0;
+        for (; blk + step <= b1; blk += step)
+            switch (mb) {
+                case 1: TILE(4, 1); break; case 2: TILE(4, 2); break; case 3: TILE(4, 3); break;
+                case 4: TILE(4, 4); break; case 5: TILE(2, 5); break; case 6: TILE(2, 6); break;
+                case 7: TILE(2, 7); break; default: TILE(2, 8); break;
+            }
+        for (; blk < b1; blk++)
+            switch (mb) {
+                case 1: TILE(1, 1); break; case 2: TILE(1, 2); break; case 3: TILE(1, 3); break;
+                case 4: TILE(1, 4); break; case 5: TILE(1, 5); break; case 6: TILE(1, 6); break;
+                case 7: TILE(1, 7); break; default: TILE(1, 8); break;
+            }
+    }
+}
+#else
+static void vnni_blocks(const uint8_t *xu, int64_t M, int64_t K, const int8_t *w, const int32_t *bias128,
+                        int64_t b0, int64_t b1, int64_t N, float *out, int64_t ldo) {
+    const int64_t K4 = K / 4;
+    for (int64_t blk = b0; blk < b1; blk++)
+        for (int64_t m = 0; m < M; m++) {
+            int32_t acc[16] = {0};
+            const int8_t *wb = w + blk * K4 * 64;
+            const uint8_t *x = xu + m * K;
+            for (int64_t g = 0; g < K4; g++)
+                for (int lane = 0; lane < 16; lane++)
+                    for (int t = 0; t < 4; t++)
+                        acc[lane] += (int32_t)x[4 * g + t] * (int32_t)wb[g * 64 + lane * 4 + t];
+            for (int lane = 0; lane < 16 && blk * 16 + lane < N; lane++)
+                out[m * ldo + blk * 16 + lane] = (float)(acc[lane] - bias128[blk * 16 + lane]);
+        }
+}
+#endif
+
+#if defined(__AMX_INT8__) && defined(__AMX_TILE__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+struct tile_config { uint8_t palette, start; uint8_t reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; };
+int amx(void) {  /* whether this process may use AMX tiles (the OS grants them on request) */
+    static int granted = -1;
+    if (granted < 0) granted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    return granted;
+}
+static void amx_store(int64_t m0, int64_t n, int64_t N, const int32_t *c, const int32_t *bias128, float *out,
+                      int64_t ldo) {
+    for (int r = 0; r < 16; r++)
+        for (int j = 0; j < 16 && n + j < N; j++)
+            out[(m0 + r) * ldo + n + j] = (float)(c[r * 16 + j] - bias128[n + j]);
+}
+/* rows in tiles of 16 (M padded to 16 by the caller); 4 blocks of 16 outputs at a time: C tiles 0-3 += A (tile 4:
+   16 rows x 64 u8, read once for the 4) . B (tiles 5-7, 16 K-groups x 64 s8 each) */
+static void amx_blocks(const uint8_t *xu, int64_t M, int64_t K, const int8_t *w, const int32_t *bias128,
+                       int64_t b0, int64_t b1, int64_t N, float *out, int64_t ldo) {
+    struct tile_config config = {0};
+    config.palette = 1;
+    for (int t = 0; t < 8; t++) { config.rows[t] = 16; config.colsb[t] = 64; }
+    _tile_loadconfig(&config);
+    const int64_t K4 = K / 4;
+    int32_t c[16 * 16];
+    for (int64_t m0 = 0; m0 < M; m0 += 16) {
+        int64_t blk = b0;
+        for (; blk + 4 <= b1; blk += 4) {
+            const int8_t *wb = w + blk * K4 * 64;
+            _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+            for (int64_t k0 = 0; k0 < K; k0 += 64) {
+                _tile_loadd(4, xu + m0 * K + k0, K);
+                _tile_loadd(5, wb + (k0 / 4) * 64, 64);
+                _tile_dpbusd(0, 4, 5);
+                _tile_loadd(6, wb + (K4 + k0 / 4) * 64, 64);
+                _tile_dpbusd(1, 4, 6);
+                _tile_loadd(7, wb + (2 * K4 + k0 / 4) * 64, 64);
+                _tile_dpbusd(2, 4, 7);
+                _tile_loadd(5, wb + (3 * K4 + k0 / 4) * 64, 64);
+                _tile_dpbusd(3, 4, 5);
+            }
+            _tile_stored(0, c, 64); amx_store(m0, blk * 16, N, c, bias128, out, ldo);
+            _tile_stored(1, c, 64); amx_store(m0, (blk + 1) * 16, N, c, bias128, out, ldo);
+            _tile_stored(2, c, 64); amx_store(m0, (blk + 2) * 16, N, c, bias128, out, ldo);
+            _tile_stored(3, c, 64); amx_store(m0, (blk + 3) * 16, N, c, bias128, out, ldo);
+        }
+        for (; blk < b1; blk++) {
+            const int8_t *wb = w + blk * K4 * 64;
+            _tile_zero(0);
+            for (int64_t k0 = 0; k0 < K; k0 += 64) {
+                _tile_loadd(4, xu + m0 * K + k0, K);
+                _tile_loadd(5, wb + (k0 / 4) * 64, 64);
+                _tile_dpbusd(0, 4, 5);
+            }
+            _tile_stored(0, c, 64); amx_store(m0, blk * 16, N, c, bias128, out, ldo);
+        }
+    }
+    _tile_release();
+}
+#else
+int amx(void) { return 0; }
+static void amx_blocks(const uint8_t *xu, int64_t M, int64_t K, const int8_t *w, const int32_t *bias128,
+                       int64_t b0, int64_t b1, int64_t N, float *out, int64_t ldo) {}
+#endif
+
+/* The product of M rows: xu [M][K] (M a multiple of 16 where tiles), w packed, out [M][N]. */
+void int8_product(const uint8_t *xu, int64_t M, int64_t K, const int8_t *w, const int32_t *bias128, int64_t N,
+                  float *out, int tiles, int threads) {
+    const int64_t blocks = (N + 15) / 16, chunk = 4;
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t b0 = 0; b0 < blocks; b0 += chunk) {
+        const int64_t b1 = b0 + chunk < blocks ? b0 + chunk : blocks;
+        if (tiles) amx_blocks(xu, M, K, w, bias128, b0, b1, N, out, N);
+        else vnni_blocks(xu, M, K, w, bias128, b0, b1, N, out, N);
+    }
+}

@@ -1,0 +1,166 @@
+"""The int8 product compiled on this machine: `int8_kernel.c`, built once by the C compiler at hand for this CPU
+(-march=native) and loaded with ctypes. One of the packed kernels `specdec.models.quant` measures: it runs only
+where its sums are exact and it is the fastest for a weight shape here, like fbgemm and oneDNN.
+
+Why: one row times an int8 weight is a read of the weight, and fbgemm and oneDNN read it for one row at about two
+thirds of the speed a float32 matrix-vector product reads memory on some CPUs; a kernel that reads each 64-byte
+weight vector once for up to 8 rows reads at the float product's speed there, and for the k + 1 rows of a
+verification costs little more than for one (docs/performance.md).
+
+`pack(weight)` lays an int8 weight [N, K] out for the kernel; `mm(x_q, packed)` gives the exact sums of integer rows
+[M, K] with it; `unpack(packed)` is the weight again, bit for bit. Where the CPU has AMX tiles and the OS grants
+them, a product of many rows runs on them: from `tile_rows()` rows on, the row count from which they are faster
+than the vector path here (timed once per machine, like every other choice of path). Without a C compiler, or where the build fails,
+`library()` is None and `pack` raises RuntimeError (the kernel is then not exact here, and never runs).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from specdec.core import files, hardware
+from specdec.core.timing import Timer, interleaved, medians
+from specdec.models import cache
+
+SOURCE = Path(__file__).with_name("int8_kernel.c")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")  # for the CPU at hand; OpenMP is torch's own
+ROWS_AT_ONCE = 8  # rows the vector path reads each weight vector for (MB_MAX in the source)
+TILE_ROWS = 16  # an AMX tile's rows: the rows of a product on tiles are padded to a multiple of this
+K_ALIGN = 64  # the input width is padded to a multiple of this (an AMX tile row: 64 bytes)
+N_ALIGN = 16  # outputs per packed block
+TILE_PROBE = (8192, 1536)  # the weight shape [N, K] the tiles' row count is timed on ...
+TILE_PROBE_COPIES = 32  # ... in this many copies (400 MB), read one after another from memory, as a forward reads
+TILE_PROBE_REPEATS = 3  # timings per path and row count, interleaved; medians compared
+
+
+class Packed(NamedTuple):
+    """An int8 weight [N, K] packed for the kernel."""
+
+    blocks: torch.Tensor  # [N'/16, K'/4, 16, 4] int8: N, K padded with zeros to N' (16), K' (64)
+    shift: torch.Tensor  # [N] int32: 128 * the row sums (the inputs arrive as u8, x + 128)
+    out_features: int  # N
+    in_features: int  # K
+
+
+def compiler() -> str | None:
+    """The C compiler to build with ($CC, else cc or gcc on the PATH), or None."""
+    return next((c for c in (os.environ.get("CC"), "cc", "gcc") if c and shutil.which(c)), None)
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The kernel built for this machine (once, then from the cache), or None where it cannot be built here."""
+    cc = compiler()
+    if cc is None:
+        return None
+    try:
+        built = cache.root() / "native" / f"int8-kernel-{build_key()}.so"
+        if not built.exists():
+            built.parent.mkdir(parents=True, exist_ok=True)
+            with files.atomic_path(built) as partial:
+                subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(partial)], check=True, capture_output=True,
+                               timeout=300)
+        lib = ctypes.CDLL(str(built))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lib.int8_product.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                                 ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    lib.int8_product.restype = None
+    return lib
+
+
+@functools.cache
+def build_key() -> str:
+    """What the built kernel depends on: its source, the compiler, the flags and the CPU it was built for."""
+    version = subprocess.run([compiler(), "--version"], capture_output=True, text=True, timeout=30).stdout
+    return files.json_key({"source": hashlib.sha256(SOURCE.read_bytes()).hexdigest(), "compiler": version,
+                           "flags": FLAGS, "machine": hardware.cpu()})
+
+
+@functools.cache
+def tiles() -> bool:
+    """Whether the kernel multiplies on AMX tiles here: built with them, and granted by the OS to this process."""
+    return library() is not None and bool(library().amx())
+
+
+@functools.cache
+def tile_rows() -> int | None:
+    """The fewest rows (2..ROWS_AT_ONCE + 1) from which a product on the tiles is faster than the vector path here,
+    timed once per machine and cached; None where there are no tiles."""
+    if not tiles():
+        return None
+    about = {'library': build_key(), 'threads': torch.get_num_threads()}
+    path = cache.root() / "native" / f"tile-rows-{files.json_key(about)}.json"
+    try:
+        return json.loads(path.read_text())["rows"]
+    except (OSError, ValueError, KeyError):
+        pass
+    rows = _timed_tile_rows()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    files.write_text(path, json.dumps({"rows": rows}))
+    return rows
+
+
+def _timed_tile_rows() -> int:
+    generator = torch.Generator().manual_seed(0)
+    one = pack(torch.randint(-127, 128, TILE_PROBE, dtype=torch.int8, generator=generator))
+    weights = [one._replace(blocks=one.blocks.clone()) for _ in range(TILE_PROBE_COPIES)]
+    x_q = torch.randint(-127, 128, (ROWS_AT_ONCE, TILE_PROBE[1]), generator=generator).float()
+
+    def seconds(m: int, on_tiles: bool) -> float:
+        with Timer("cpu") as timer:
+            for weight in weights:
+                _product(x_q[:m], weight, on_tiles)
+        return timer.seconds
+
+    sizes = range(2, ROWS_AT_ONCE + 1)
+    timed = medians(interleaved({(m, t): functools.partial(seconds, m, t) for m in sizes for t in (False, True)},
+                                TILE_PROBE_REPEATS))
+    return next((m for m in sizes if timed[(m, True)] < timed[(m, False)]), ROWS_AT_ONCE + 1)
+
+
+def pack(weight: torch.Tensor) -> Packed:
+    """The kernel's layout of int8 weight [N, K]; RuntimeError where the kernel cannot be built here."""
+    if library() is None:
+        raise RuntimeError("no C compiler built the int8 kernel here")
+    n, k = weight.shape
+    padded = F.pad(weight, (0, -k % K_ALIGN, 0, -n % N_ALIGN))  # [N', K']
+    blocks = padded.view(padded.shape[0] // N_ALIGN, N_ALIGN, padded.shape[1] // 4, 4).permute(0, 2, 1, 3)
+    return Packed(blocks.contiguous(), 128 * weight.sum(1, dtype=torch.int32), n, k)
+
+
+def unpack(packed: Packed) -> torch.Tensor:
+    """The int8 weight [N, K] `packed` was made from, bit for bit."""
+    blocks = packed.blocks
+    weight = blocks.permute(0, 2, 1, 3).reshape(blocks.shape[0] * N_ALIGN, blocks.shape[1] * 4)
+    return weight[:packed.out_features, :packed.in_features].contiguous()
+
+
+def mm(x_q: torch.Tensor, packed: Packed) -> torch.Tensor:
+    """Integer rows x_q [M, K] (float32 in [-127, 127]) times the packed weight transposed: the exact sums as
+    float32 [M, N]."""
+    rows = tile_rows()
+    return _product(x_q, packed, rows is not None and x_q.shape[0] >= rows)
+
+
+def _product(x_q: torch.Tensor, packed: Packed, on_tiles: bool) -> torch.Tensor:
+    """`mm` on the tiles or not (never on tiles the OS has not granted: the CPU would fault)."""
+    m, k = x_q.shape
+    on_tiles = on_tiles and tiles()
+    rows = -(-m // TILE_ROWS) * TILE_ROWS if on_tiles else m
+    shifted = F.pad((x_q + 128).to(torch.uint8), (0, packed.blocks.shape[1] * 4 - k, 0, rows - m))  # [rows, K']
+    out = torch.empty(rows, packed.out_features)
+    library().int8_product(shifted.data_ptr(), rows, shifted.shape[1], packed.blocks.data_ptr(),
+                           packed.shift.data_ptr(), packed.out_features, out.data_ptr(), on_tiles,
+                           torch.get_num_threads())
+    return out[:m]

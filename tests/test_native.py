@@ -1,0 +1,76 @@
+"""The int8 product compiled on this machine (specdec.models.native): exact sums on every path it has, the
+weight back bit for bit, built once per machine, and never run where it cannot be built."""
+import platform
+
+import pytest
+import torch
+
+from specdec.models import native, quant
+
+needs_build = pytest.mark.skipif(native.library() is None, reason="no C compiler builds the kernel here")
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """A cache of its own and nothing built or timed yet in this process; every cached answer cleared after."""
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    caches = (native.library, native.build_key, native.tiles, native.tile_rows, quant.exact_for)
+    for cached in caches:
+        cached.cache_clear()
+    yield tmp_path
+    for cached in caches:
+        cached.cache_clear()
+
+
+def exact_everywhere(on_tiles: bool = False) -> None:
+    generator = torch.Generator().manual_seed(0)
+    for n, k in ((100, 77), (17, 130), (33, 64), (300, 200)):  # widths and heights off the 16 / 64 blocks
+        weight = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=generator)
+        weight[:3] = 127  # extremes
+        packed = native.pack(weight)
+        assert torch.equal(native.unpack(packed), weight)
+        for m in range(1, 21):
+            x_q = torch.randint(-127, 128, (m, k), generator=generator).float()
+            x_q[0] = -127
+            assert torch.equal(native._product(x_q, packed, on_tiles), quant._int_mm(x_q, weight)), (n, k, m)
+
+
+@needs_build
+@pytest.mark.parametrize("on_tiles", [False, True])
+def test_the_kernel_built_here_gives_torch_int_mm_sums_and_its_weight_back(fresh, on_tiles):
+    """Both paths where this CPU has them (asking for tiles without them runs the vector path)."""
+    exact_everywhere(on_tiles)
+
+
+@needs_build
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="an x86-64 build target")
+def test_built_for_a_cpu_without_vnni_or_tiles_the_plain_path_is_exact(fresh, monkeypatch):
+    """The plain C path, as a CPU with AVX2 and no VNNI (or less) runs it: the same sums."""
+    monkeypatch.setattr(native, "FLAGS", tuple("-march=x86-64-v3" if f == "-march=native" else f
+                                               for f in native.FLAGS))
+    assert not native.tiles() and native.tile_rows() is None
+    exact_everywhere(on_tiles=True)
+
+
+@needs_build
+def test_the_kernel_is_built_once_per_machine_and_its_tile_rows_timed_once(fresh, monkeypatch):
+    native.library()
+    rows = native.tile_rows()
+    built = sorted((fresh / "native").iterdir())
+    for cached in (native.library, native.tile_rows):
+        cached.cache_clear()  # another process on this machine
+    monkeypatch.setattr(native, "_timed_tile_rows", lambda: pytest.fail("timed again"))
+    monkeypatch.setattr(native.subprocess, "run", lambda command, **kwargs: pytest.fail("built again"))
+    assert native.library() is not None and native.tile_rows() == rows
+    assert sorted((fresh / "native").iterdir()) == built
+
+
+@pytest.mark.parametrize("compiler", [None, "false"])
+def test_without_a_compiler_or_with_a_failing_build_the_kernel_never_runs(fresh, monkeypatch, compiler):
+    """No compiler, or one that fails: no kernel, not exact, so never chosen; the int8 path runs on the others."""
+    monkeypatch.setattr(native, "compiler", lambda: compiler)
+    assert native.library() is None and not native.tiles() and native.tile_rows() is None
+    with pytest.raises(RuntimeError):
+        native.pack(torch.zeros(16, 64, dtype=torch.int8))
+    assert not quant.exact_for("native", quant.INT8_MAX) and "native" not in quant.exact_kernels()
+    assert "native" not in quant.kernel_path()
