@@ -4,7 +4,7 @@
 CPU time (its time minus its children's) is put in one group, so the groups partition the profiled total:
 
 - GEMM: matrix products inside a linear layer (mm, addmm, linear, matmul, torch._int_mm, fbgemm's
-  quantized::linear_dynamic);
+  quantized::linear_dynamic, oneDNN's, the int8 product compiled here);
 - linear overhead: the rest of a linear layer (int8: quantizing each row, the scales, the bias, Python);
 - attention: the attention module's own work (SDPA, the per-row loop of the int8 path, reshapes, Python);
 - norms/rotary/elementwise: RMSNorm/LayerNorm, the rotary embedding, and elementwise ops anywhere else
@@ -37,13 +37,15 @@ from transformers.pytorch_utils import Conv1D
 from specdec.core.forwards import forward_seconds, primed_cache
 from specdec.core.kv import CachedLM
 from specdec.core.timing import time_median, warm_up
+from specdec.models import native
 from specdec.models.quant import Int8Linear, Int8Slice
 from specdec.models.quant4 import Int4Linear
 
 GROUPS = ("GEMM", "linear overhead", "attention", "norms/rotary/elementwise", "cache ops", "other")
 LABEL = "specdec:"  # prefix of the record_function ranges this module opens
 GEMM_OPS = {"aten::mm", "aten::addmm", "aten::linear", "aten::matmul", "aten::_int_mm", "aten::bmm",
-            "quantized::linear_dynamic", "onednn::qlinear_pointwise", "aten::_weight_int4pack_mm_for_cpu"}
+            "quantized::linear_dynamic", "onednn::qlinear_pointwise", "aten::_weight_int4pack_mm_for_cpu",
+            native.PROFILED_AS}
 ELEMENTWISE_OPS = {"aten::add", "aten::add_", "aten::mul", "aten::mul_", "aten::sub", "aten::neg", "aten::div",
                    "aten::rsqrt", "aten::pow", "aten::mean", "aten::silu", "aten::sigmoid", "aten::cos", "aten::sin",
                    "aten::exp", "aten::tanh", "aten::gelu"}

@@ -15,6 +15,7 @@ than the vector path here (timed once per machine, like every other choice of pa
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -22,6 +23,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
@@ -38,6 +40,8 @@ ROWS_AT_ONCE = 8  # rows the vector path reads each weight vector for (MB_MAX in
 TILE_ROWS = 16  # an AMX tile's rows: the rows of a product on tiles are padded to a multiple of this
 K_ALIGN = 64  # the input width is padded to a multiple of this (an AMX tile row: 64 bytes)
 N_ALIGN = 16  # outputs per packed block
+PROFILED_AS = "specdec::int8_product"  # the product's name in a torch.profiler trace (specdec.lab.breakdown)
+NOTHING = contextlib.nullcontext()
 TILE_PROBE = (8192, 1536)  # the weight shape [N, K] the tiles' row count is timed on ...
 TILE_PROBE_COPIES = 32  # ... in this many copies (400 MB), read one after another from memory, as a forward reads
 TILE_PROBE_REPEATS = 3  # timings per path and row count, interleaved; medians compared
@@ -67,9 +71,11 @@ def library() -> ctypes.CDLL | None:
         built = cache.root() / "native" / f"int8-kernel-{build_key()}.so"
         if not built.exists():
             built.parent.mkdir(parents=True, exist_ok=True)
-            with files.atomic_path(built) as partial:
-                subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(partial)], check=True, capture_output=True,
-                               timeout=300)
+            with tempfile.TemporaryDirectory() as scratch, files.atomic_path(built) as partial:
+                # built outside the cache: a compiler outliving a killed run never writes there
+                subprocess.run([cc, *FLAGS, str(SOURCE), "-o", f"{scratch}/kernel.so"], check=True,
+                               capture_output=True, timeout=300)
+                shutil.copyfile(f"{scratch}/kernel.so", partial)
         lib = ctypes.CDLL(str(built))
     except (OSError, subprocess.SubprocessError):
         return None
@@ -160,7 +166,8 @@ def _product(x_q: torch.Tensor, packed: Packed, on_tiles: bool) -> torch.Tensor:
     rows = -(-m // TILE_ROWS) * TILE_ROWS if on_tiles else m
     shifted = F.pad((x_q + 128).to(torch.uint8), (0, packed.blocks.shape[1] * 4 - k, 0, rows - m))  # [rows, K']
     out = torch.empty(rows, packed.out_features)
-    library().int8_product(shifted.data_ptr(), rows, shifted.shape[1], packed.blocks.data_ptr(),
-                           packed.shift.data_ptr(), packed.out_features, out.data_ptr(), on_tiles,
-                           torch.get_num_threads())
+    with torch.profiler.record_function(PROFILED_AS) if torch.autograd._profiler_enabled() else NOTHING:
+        library().int8_product(shifted.data_ptr(), rows, shifted.shape[1], packed.blocks.data_ptr(),
+                               packed.shift.data_ptr(), packed.out_features, out.data_ptr(), on_tiles,
+                               torch.get_num_threads())
     return out[:m]
