@@ -75,6 +75,19 @@ def test_the_bench_section_runs_each_draft_k_and_prompt(binaries, tmp_path, monk
     assert "## llama.cpp on the same GGUF files" in section
 
 
+def test_a_failing_llama_cpp_run_is_a_line_of_the_section_not_the_end_of_the_report(binaries, tmp_path, monkeypatch):
+    """A crash of its speculative binary (seen: a segmentation fault on one build) leaves the rest of the section."""
+    monkeypatch.setattr(llamacpp, "gguf_of", lambda name, held: tmp_path / f"{name}.gguf")
+    monkeypatch.setattr(bench_cli, "encode", lambda prompt, tok: [1, 2])
+    (tmp_path / llamacpp.SPECULATIVE).write_text("#!/bin/sh\necho 'load: a warning' >&2\nkill -SEGV $$\n")
+    args = SimpleNamespace(target="t", draft=["d"], k=[2], max_new_tokens=16)
+    target = SimpleNamespace(tokenizer=SimpleNamespace(decode=lambda ids: "text"))
+    section = bench_cli.llama_cpp_section(args, target, [Prompt("code-01", "code", "def f():")], tmp_path)
+    assert "Its target alone: 29.70 tokens/s." in section
+    failed = section.split("Its speculative runs that failed:\n")[1].strip()
+    assert failed.startswith("- d k=2 code-01: ") and "failed (-11)" in failed and "\n" not in failed
+
+
 def test_no_binaries_no_section(tmp_path, monkeypatch):
     monkeypatch.setenv(llamacpp.ENV, str(tmp_path))
     args = SimpleNamespace(target="t", draft=["d"], k=[2], max_new_tokens=16)

@@ -117,20 +117,34 @@ def llama_cpp_section(args, target, prompts, out: Path) -> str:
         if target_gguf is None or not drafts:
             return ""
         threads = torch.get_num_threads()
-        alone = llamacpp.target_alone_tok_s(binaries, target_gguf, args.max_new_tokens, threads)
-        runs = []
+        try:
+            alone = llamacpp.target_alone_tok_s(binaries, target_gguf, args.max_new_tokens, threads)
+        except ValueError as error:  # an optional column: the report keeps the rest
+            return f"\n## llama.cpp on the same GGUF files\n\n{_first_line(error)}\n"
+        runs, failed = [], []
         for prompt in prompts:
             text = target.tokenizer.decode(encode(prompt, target.tokenizer))
             for spec, draft_gguf in drafts.items():
                 for k in sorted({K_AUTO_START if k == "auto" else k for k in args.k}):
-                    tok_s, accept = llamacpp.speculative(binaries, target_gguf, draft_gguf, text, args.max_new_tokens,
-                                                         k, threads)
+                    try:
+                        tok_s, accept = llamacpp.speculative(binaries, target_gguf, draft_gguf, text,
+                                                             args.max_new_tokens, k, threads)
+                    except ValueError as error:
+                        failed.append(f"- {spec} k={k} {prompt.id}: {_first_line(error)}")
+                        continue
                     runs.append(llamacpp.LlamaCppRun(spec, k, prompt.id, alone, tok_s, accept))
                     print(f"llama.cpp {spec} k={k} {prompt.id}: {tok_s:.2f} tok/s ({runs[-1].speedup:.2f}x its "
                           f"target alone, {alone:.2f} tok/s)", flush=True)
     files.write_text(out / "llama_cpp.json", json.dumps([asdict(r) for r in runs], indent=1))
+    parts = [f"Its target alone: {alone:.2f} tokens/s."] + ([llamacpp.markdown(runs)] if runs else []) \
+        + (["Its speculative runs that failed:\n" + "\n".join(failed)] if failed else [])
     return ("\n## llama.cpp on the same GGUF files (its own target alone and speculative decoding)\n\n"
-            + llamacpp.markdown(runs) + "\n")
+            + "\n\n".join(parts) + "\n")
+
+
+def _first_line(error: Exception) -> str:
+    """An error's message as one line (a binary's stderr tail can span several)."""
+    return " ".join(str(error).split())[:300]
 
 
 def profile_section(rows: list[dict], profile: CostProfile) -> str:
