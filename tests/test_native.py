@@ -74,3 +74,23 @@ def test_without_a_compiler_or_with_a_failing_build_the_kernel_never_runs(fresh,
         native.pack(torch.zeros(16, 64, dtype=torch.int8))
     assert not quant.exact_for("native", quant.INT8_MAX) and "native" not in quant.exact_kernels()
     assert "native" not in quant.kernel_path()
+
+
+@needs_build
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_linear_in_one_call_is_bitwise_the_layer_computed_with_torch_ops_around_the_product(fresh, bias):
+    """Rows quantized alone (an all-zero row, half-way roundings, magnitudes 1e-3..1e3), the sums, the scales, the
+    bias: the fused call's float operations are torch's, in its order, so its bits are `Int8Linear`'s on any kernel."""
+    generator = torch.Generator().manual_seed(0)
+    for n, k in ((100, 77), (300, 200)):
+        layer = quant.Int8Linear(torch.randn(n, k, generator=generator), torch.randn(n, generator=generator)
+                                 if bias else None)
+        packed = native.pack(layer.int8_weight())
+        for m in (1, 5, 9, 20):
+            x = torch.randn(m, k, generator=generator) * torch.logspace(-3, 3, m)[:, None]
+            x[0] = 0.0
+            x[-1, :4] = torch.tensor([0.5, 1.5, -2.5, 127.0]) * x[-1].abs().max() / 127
+            x_q, x_scale = quant._quantize_rows(x)
+            expected = native.mm(x_q, packed) * layer.weight_scale * x_scale[:, None]
+            expected = expected + layer.bias if bias else expected
+            assert torch.equal(native.linear(x, packed, layer.weight_scale, layer.bias), expected), (n, k, m)

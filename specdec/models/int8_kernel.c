@@ -10,6 +10,8 @@
    row count its timing found them faster from); without VNNI, plain C the compiler vectorizes. Every path gives
    the same exact sums, so which one ran never changes a bit; whether this kernel runs at all is measured
    (specdec.models.quant). */
+#include <float.h>
+#include <math.h>
 #include <stdint.h>
 #if defined(__AVX512VNNI__) || defined(__AMX_TILE__)
 #include <immintrin.h>
@@ -154,14 +156,51 @@ static void amx_blocks(const uint8_t *xu, int64_t M, int64_t K, const int8_t *w,
                        int64_t b0, int64_t b1, int64_t N, float *out, int64_t ldo) {}
 #endif
 
-/* The product of M rows: xu [M][K] (M a multiple of 16 where tiles), w packed, out [M][N]. */
-void int8_product(const uint8_t *xu, int64_t M, int64_t K, const int8_t *w, const int32_t *bias128, int64_t N,
-                  float *out, int tiles, int threads) {
+static void product(const uint8_t *xu, int64_t M, int64_t K, const int8_t *w, const int32_t *bias128, int64_t N,
+                    float *out, int tiles, int threads) {
     const int64_t blocks = (N + 15) / 16, chunk = 4;
     #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t b0 = 0; b0 < blocks; b0 += chunk) {
         const int64_t b1 = b0 + chunk < blocks ? b0 + chunk : blocks;
         if (tiles) amx_blocks(xu, M, K, w, bias128, b0, b1, N, out, N);
         else vnni_blocks(xu, M, K, w, bias128, b0, b1, N, out, N);
+    }
+}
+
+/* The product of M rows: xu [M][K] (M a multiple of 16 where tiles), w packed, out [M][N]: the exact sums. */
+void int8_product(const uint8_t *xu, int64_t M, int64_t K, const int8_t *w, const int32_t *bias128, int64_t N,
+                  float *out, int tiles, int threads) {
+    product(xu, M, K, w, bias128, N, out, tiles, threads);
+}
+
+/* A row-invariant int8 Linear, what specdec.models.quant.Int8Linear computes with torch ops, the same operations
+   in the same order (built with -ffp-contract=off: no fused multiply-adds), so the same bits: each row quantized
+   alone, scale = max(max|x| / 127, FLT_MIN), q = round-half-even(x / scale) clamped to [-127, 127]; then
+   y = sums * wscale[n] * scale[m] (+ bias[n]). x [M][K] float32; xu [rows][Kp] scratch (rows = M, or M padded to
+   16 where tiles); xscale [M] out; out [rows][N]. */
+void int8_linear(const float *x, int64_t M, int64_t K, int64_t rows, int64_t Kp, uint8_t *xu, const int8_t *w,
+                 const int32_t *bias128, int64_t N, const float *wscale, const float *bias, float *xscale,
+                 float *out, int tiles, int threads) {
+    for (int64_t m = 0; m < M; m++) {
+        const float *row = x + m * K;
+        float amax = 0.0f;
+        for (int64_t k = 0; k < K; k++) amax = fmaxf(amax, fabsf(row[k]));
+        float scale = amax / 127.0f;
+        if (!(scale >= FLT_MIN)) scale = scale != scale ? scale : FLT_MIN;
+        xscale[m] = scale;
+        uint8_t *q = xu + m * Kp;
+        for (int64_t k = 0; k < K; k++) {
+            float v = nearbyintf(row[k] / scale);
+            v = v < -127.0f ? -127.0f : v > 127.0f ? 127.0f : v;
+            q[k] = (uint8_t)(int32_t)(v + 128.0f);
+        }
+        for (int64_t k = K; k < Kp; k++) q[k] = 128;
+    }
+    product(xu, rows, Kp, w, bias128, N, out, tiles, threads);
+    for (int64_t m = 0; m < M; m++) {
+        float *y = out + m * N;
+        const float s = xscale[m];
+        if (bias) for (int64_t n = 0; n < N; n++) y[n] = y[n] * wscale[n] * s + bias[n];
+        else for (int64_t n = 0; n < N; n++) y[n] = y[n] * wscale[n] * s;
     }
 }

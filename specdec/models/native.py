@@ -35,7 +35,8 @@ from specdec.core.timing import Timer, interleaved, medians
 from specdec.models import cache
 
 SOURCE = Path(__file__).with_name("int8_kernel.c")
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")  # for the CPU at hand; OpenMP is torch's own
+FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")  # for the CPU at hand, no fused
+# multiply-adds (a Linear's float operations are torch's, one rounding each); OpenMP is torch's own
 ROWS_AT_ONCE = 8  # rows the vector path reads each weight vector for (MB_MAX in the source)
 TILE_ROWS = 16  # an AMX tile's rows: the rows of a product on tiles are padded to a multiple of this
 K_ALIGN = 64  # the input width is padded to a multiple of this (an AMX tile row: 64 bytes)
@@ -82,6 +83,10 @@ def library() -> ctypes.CDLL | None:
     lib.int8_product.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                                  ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     lib.int8_product.restype = None
+    lib.int8_linear.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    lib.int8_linear.restype = None
     return lib
 
 
@@ -170,4 +175,26 @@ def _product(x_q: torch.Tensor, packed: Packed, on_tiles: bool) -> torch.Tensor:
         library().int8_product(shifted.data_ptr(), rows, shifted.shape[1], packed.blocks.data_ptr(),
                                packed.shift.data_ptr(), packed.out_features, out.data_ptr(), on_tiles,
                                torch.get_num_threads())
+    return out[:m]
+
+
+def linear(x: torch.Tensor, packed: Packed, weight_scale: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """A row-invariant int8 Linear of float32 rows x [M, K] in one call: each row quantized alone, the exact sums,
+    then sums * weight_scale * the row's scale (+ bias): bitwise what `specdec.models.quant.Int8Linear` computes
+    with torch ops around `mm` (the same float operations in the same order), without a dozen small ops around it.
+    Returns [M, N] float32."""
+    m, k = x.shape
+    rows = tile_rows()
+    on_tiles = rows is not None and m >= rows and tiles()
+    padded = -(-m // TILE_ROWS) * TILE_ROWS if on_tiles else m
+    x = x.contiguous()
+    width = packed.blocks.shape[1] * 4
+    scratch = torch.empty(padded, width, dtype=torch.uint8)
+    x_scale = torch.empty(m)
+    out = torch.empty(padded, packed.out_features)
+    with torch.profiler.record_function(PROFILED_AS) if torch.autograd._profiler_enabled() else NOTHING:
+        library().int8_linear(x.data_ptr(), m, k, padded, width, scratch.data_ptr(), packed.blocks.data_ptr(),
+                              packed.shift.data_ptr(), packed.out_features, weight_scale.data_ptr(),
+                              None if bias is None else bias.data_ptr(), x_scale.data_ptr(), out.data_ptr(),
+                              on_tiles, torch.get_num_threads())
     return out[:m]

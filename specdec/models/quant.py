@@ -527,6 +527,9 @@ class Int8Linear(torch.nn.Module):
         if self.coupled is not None:
             y = torch.ops.quantized.linear_dynamic(rows.float(), self.coupled, self.reduce_range)  # [M, out]
             return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        if isinstance(self.packed, native.Packed) and rows.shape[0] >= PACKED_MIN_ROWS:  # the same bits, one call
+            y = native.linear(rows.float(), self.packed, self.weight_scale, self.bias)  # [M, out]
+            return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
         x_q, x_scale = _quantize_rows(rows.float())
         if self.packed is not None and rows.shape[0] >= PACKED_MIN_ROWS:
             sums = _packed_mm(self.kernel, x_q, self.packed)  # [M, out]
