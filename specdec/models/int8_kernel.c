@@ -5,21 +5,23 @@
    the layout of a VNNI dot-product step and of an AMX B tile. The rows arrive shifted into uint8, xu = x + 128
    (VNNI and AMX multiply u8 by s8); bias128[n] = 128 * sum_k w[n, k] takes the shift back out.
 
-   Three paths, each compiled where the compiler targets it (-march=native): VNNI, each weight vector read once
-   for up to 8 rows; AMX tiles, 16 rows at a time, where the OS grants them (the caller passes `tiles` from the
-   row count its timing found them faster from); without VNNI, plain C the compiler vectorizes. Every path gives
-   the same exact sums, so which one ran never changes a bit; whether this kernel runs at all is measured
-   (specdec.models.quant). */
+   Two paths, compiled for the CPU at hand (-march=native): VNNI, each weight vector read once for up to 8 rows;
+   AMX tiles, 16 rows at a time, where the compiler targets them and the OS grants them (the caller passes `tiles`
+   from the row count its timing found them faster from). Both give the same exact sums, so which one ran never
+   changes a bit; whether this kernel runs at all is measured (specdec.models.quant). A CPU without AVX512-VNNI
+   gets no build: plain code there (compiler-vectorized, 3.8 ms for one row of a [17920, 1536] weight on the CPU
+   in docs/performance.md, 10 ms for five) is slower than fbgemm with 7-bit weights, and being exact at 8 bits it
+   would displace fbgemm (`quant.weight_limit`). */
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
-#if defined(__AVX512VNNI__) || defined(__AMX_TILE__)
-#include <immintrin.h>
+#if !(defined(__AVX512VNNI__) && defined(__AVX512BW__))
+#error "the int8 product is written for AVX512-VNNI: without it the compiler's plain code is slower than fbgemm"
 #endif
+#include <immintrin.h>
 
 #define MB_MAX 8   /* rows one VNNI pass reads each weight vector for */
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 /* NB blocks of 16 outputs for MB rows: NB x MB accumulators of 16 int32 */
 static inline __attribute__((always_inline)) void tile(const uint8_t *xu, int64_t K, const int8_t *w,
         const int32_t *bias128, int64_t blk, int64_t N, float *out, int64_t ldo, const int NB, const int MB) {
@@ -70,24 +72,6 @@ static void vnni_blocks(const uint8_t *xu, int64_t M, int64_t K, const int8_t *w
             }
     }
 }
-#else
-static void vnni_blocks(const uint8_t *xu, int64_t M, int64_t K, const int8_t *w, const int32_t *bias128,
-                        int64_t b0, int64_t b1, int64_t N, float *out, int64_t ldo) {
-    const int64_t K4 = K / 4;
-    for (int64_t blk = b0; blk < b1; blk++)
-        for (int64_t m = 0; m < M; m++) {
-            int32_t acc[16] = {0};
-            const int8_t *wb = w + blk * K4 * 64;
-            const uint8_t *x = xu + m * K;
-            for (int64_t g = 0; g < K4; g++)
-                for (int lane = 0; lane < 16; lane++)
-                    for (int t = 0; t < 4; t++)
-                        acc[lane] += (int32_t)x[4 * g + t] * (int32_t)wb[g * 64 + lane * 4 + t];
-            for (int lane = 0; lane < 16 && blk * 16 + lane < N; lane++)
-                out[m * ldo + blk * 16 + lane] = (float)(acc[lane] - bias128[blk * 16 + lane]);
-        }
-}
-#endif
 
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__)
 #include <sys/syscall.h>

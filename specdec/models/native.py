@@ -10,7 +10,9 @@ verification costs little more than for one (docs/performance.md).
 `pack(weight)` lays an int8 weight [N, K] out for the kernel; `mm(x_q, packed)` gives the exact sums of integer rows
 [M, K] with it; `unpack(packed)` is the weight again, bit for bit. Where the CPU has AMX tiles and the OS grants
 them, a product of many rows runs on them: from `tile_rows()` rows on, the row count from which they are faster
-than the vector path here (timed once per machine, like every other choice of path). Without a C compiler, or where the build fails,
+than the vector path here (timed once per machine, like every other choice of path). The source is written for
+AVX512-VNNI: where the compiler does not target it the build fails on purpose (see the source's header) and fbgemm
+and oneDNN do the products. Without a C compiler, or where the build fails,
 `library()` is None and `pack` raises RuntimeError (the kernel is then not exact here, and never runs).
 """
 from __future__ import annotations
