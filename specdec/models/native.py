@@ -10,10 +10,11 @@ verification costs little more than for one (docs/performance.md).
 `pack(weight)` lays an int8 weight [N, K] out for the kernel; `mm(x_q, packed)` gives the exact sums of integer rows
 [M, K] with it; `unpack(packed)` is the weight again, bit for bit. Where the CPU has AMX tiles and the OS grants
 them, a product of many rows runs on them: from `tile_rows()` rows on, the row count from which they are faster
-than the vector path here (timed once per machine, like every other choice of path). The source is written for
-AVX512-VNNI: where the compiler does not target it the build fails on purpose (see the source's header) and fbgemm
-and oneDNN do the products. Without a C compiler, or where the build fails,
-`library()` is None and `pack` raises RuntimeError (the kernel is then not exact here, and never runs).
+than the vector path here (timed once per machine, like every other choice of path).
+
+The source is written for AVX512-VNNI and fails to build on purpose where the compiler does not target it (the
+source's header says why). Without a C compiler, or where the build fails, `library()` is None and `pack` raises
+RuntimeError: the kernel is then not exact here and never runs, and fbgemm and oneDNN do the products.
 """
 from __future__ import annotations
 
@@ -112,7 +113,7 @@ def tile_rows() -> int | None:
     timed once per machine and cached; None where there are no tiles."""
     if not tiles():
         return None
-    about = {'library': build_key(), 'threads': torch.get_num_threads()}
+    about = {"library": build_key(), "threads": torch.get_num_threads()}
     path = cache.root() / "native" / f"tile-rows-{files.json_key(about)}.json"
     try:
         return json.loads(path.read_text())["rows"]
@@ -145,7 +146,7 @@ def _timed_tile_rows() -> int:
 def pack(weight: torch.Tensor) -> Packed:
     """The kernel's layout of int8 weight [N, K]; RuntimeError where the kernel cannot be built here."""
     if library() is None:
-        raise RuntimeError("no C compiler built the int8 kernel here")
+        raise RuntimeError("the int8 kernel is not built here (no C compiler, or a CPU without AVX512-VNNI)")
     n, k = weight.shape
     padded = F.pad(weight, (0, -k % K_ALIGN, 0, -n % N_ALIGN))  # [N', K']
     blocks = padded.view(padded.shape[0] // N_ALIGN, N_ALIGN, padded.shape[1] // 4, 4).permute(0, 2, 1, 3)
@@ -162,18 +163,33 @@ def unpack(packed: Packed) -> torch.Tensor:
 def mm(x_q: torch.Tensor, packed: Packed) -> torch.Tensor:
     """Integer rows x_q [M, K] (float32 in [-127, 127]) times the packed weight transposed: the exact sums as
     float32 [M, N]."""
+    return _product(x_q, packed, _on_tiles(x_q.shape[0]))
+
+
+def _on_tiles(m: int) -> bool:
+    """Whether a product of m rows runs on the tiles here (`tile_rows`)."""
     rows = tile_rows()
-    return _product(x_q, packed, rows is not None and x_q.shape[0] >= rows)
+    return rows is not None and m >= rows
+
+
+def _rows(m: int, on_tiles: bool) -> int:
+    """The rows a product of m rows computes: m, or on the tiles m padded to whole tiles."""
+    return -(-m // TILE_ROWS) * TILE_ROWS if on_tiles else m
+
+
+def _profiled():
+    """The product's span in a torch.profiler trace, only while one records (`PROFILED_AS`)."""
+    return torch.profiler.record_function(PROFILED_AS) if torch.autograd._profiler_enabled() else NOTHING
 
 
 def _product(x_q: torch.Tensor, packed: Packed, on_tiles: bool) -> torch.Tensor:
     """`mm` on the tiles or not (never on tiles the OS has not granted: the CPU would fault)."""
     m, k = x_q.shape
     on_tiles = on_tiles and tiles()
-    rows = -(-m // TILE_ROWS) * TILE_ROWS if on_tiles else m
+    rows = _rows(m, on_tiles)
     shifted = F.pad((x_q + 128).to(torch.uint8), (0, packed.blocks.shape[1] * 4 - k, 0, rows - m))  # [rows, K']
     out = torch.empty(rows, packed.out_features)
-    with torch.profiler.record_function(PROFILED_AS) if torch.autograd._profiler_enabled() else NOTHING:
+    with _profiled():
         library().int8_product(shifted.data_ptr(), rows, shifted.shape[1], packed.blocks.data_ptr(),
                                packed.shift.data_ptr(), packed.out_features, out.data_ptr(), on_tiles,
                                torch.get_num_threads())
@@ -186,15 +202,14 @@ def linear(x: torch.Tensor, packed: Packed, weight_scale: torch.Tensor, bias: to
     with torch ops around `mm` (the same float operations in the same order), without a dozen small ops around it.
     Returns [M, N] float32."""
     m, k = x.shape
-    rows = tile_rows()
-    on_tiles = rows is not None and m >= rows and tiles()
-    padded = -(-m // TILE_ROWS) * TILE_ROWS if on_tiles else m
+    on_tiles = _on_tiles(m)  # tile_rows() is None without tiles
+    padded = _rows(m, on_tiles)
     x = x.contiguous()
     width = packed.blocks.shape[1] * 4
     scratch = torch.empty(padded, width, dtype=torch.uint8)
     x_scale = torch.empty(m)
     out = torch.empty(padded, packed.out_features)
-    with torch.profiler.record_function(PROFILED_AS) if torch.autograd._profiler_enabled() else NOTHING:
+    with _profiled():
         library().int8_linear(x.data_ptr(), m, k, padded, width, scratch.data_ptr(), packed.blocks.data_ptr(),
                               packed.shift.data_ptr(), packed.out_features, weight_scale.data_ptr(),
                               None if bias is None else bias.data_ptr(), x_scale.data_ptr(), out.data_ptr(),
