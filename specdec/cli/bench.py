@@ -37,6 +37,7 @@ CALIBRATION_JSON = "calibration.json"
 SELF_AUTO = "self:auto"  # self-speculation with the L that calibrate_layers measures best
 CALIBRATION_TOKENS = 32  # new tokens per calibration prompt (at most --max-new-tokens)
 BUG_EXIT = 3  # exit status when a greedy divergence is not a rounding near-tie
+LLAMA_CPP_HEADING = "\n## llama.cpp on the same GGUF files (its own target alone and speculative decoding)\n\n"
 
 
 def register(subparsers) -> None:
@@ -120,7 +121,7 @@ def llama_cpp_section(args, target, prompts, out: Path) -> str:
         try:
             alone = llamacpp.target_alone_tok_s(binaries, target_gguf, args.max_new_tokens, threads)
         except ValueError as error:  # an optional column: the report keeps the rest
-            return f"\n## llama.cpp on the same GGUF files\n\n{_first_line(error)}\n"
+            return f"{LLAMA_CPP_HEADING}{_first_line(error)}\n"
         runs, failed = [], []
         for prompt in prompts:
             text = target.tokenizer.decode(encode(prompt, target.tokenizer))
@@ -138,8 +139,7 @@ def llama_cpp_section(args, target, prompts, out: Path) -> str:
     files.write_text(out / "llama_cpp.json", json.dumps([asdict(r) for r in runs], indent=1))
     parts = [f"Its target alone: {alone:.2f} tokens/s."] + ([llamacpp.markdown(runs)] if runs else []) \
         + (["Its speculative runs that failed:\n" + "\n".join(failed)] if failed else [])
-    return ("\n## llama.cpp on the same GGUF files (its own target alone and speculative decoding)\n\n"
-            + "\n\n".join(parts) + "\n")
+    return LLAMA_CPP_HEADING + "\n\n".join(parts) + "\n"
 
 
 def _first_line(error: Exception) -> str:

@@ -141,8 +141,9 @@ static void amx_blocks(const uint8_t *xu, int64_t M, int64_t K, const int8_t *w,
                        int64_t b0, int64_t b1, int64_t N, float *out, int64_t ldo) {}
 #endif
 
-static void product(const uint8_t *xu, int64_t M, int64_t K, const int8_t *w, const int32_t *bias128, int64_t N,
-                    float *out, int tiles, int threads) {
+/* The product of M rows: xu [M][K] (M a multiple of 16 where tiles), w packed, out [M][N]: the exact sums. */
+void int8_product(const uint8_t *xu, int64_t M, int64_t K, const int8_t *w, const int32_t *bias128, int64_t N,
+                  float *out, int tiles, int threads) {
     const int64_t blocks = (N + 15) / 16, chunk = 4;
     #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t b0 = 0; b0 < blocks; b0 += chunk) {
@@ -150,12 +151,6 @@ static void product(const uint8_t *xu, int64_t M, int64_t K, const int8_t *w, co
         if (tiles) amx_blocks(xu, M, K, w, bias128, b0, b1, N, out, N);
         else vnni_blocks(xu, M, K, w, bias128, b0, b1, N, out, N);
     }
-}
-
-/* The product of M rows: xu [M][K] (M a multiple of 16 where tiles), w packed, out [M][N]: the exact sums. */
-void int8_product(const uint8_t *xu, int64_t M, int64_t K, const int8_t *w, const int32_t *bias128, int64_t N,
-                  float *out, int tiles, int threads) {
-    product(xu, M, K, w, bias128, N, out, tiles, threads);
 }
 
 /* A row-invariant int8 Linear, what specdec.models.quant.Int8Linear computes with torch ops, the same operations
@@ -181,7 +176,7 @@ void int8_linear(const float *x, int64_t M, int64_t K, int64_t rows, int64_t Kp,
         }
         for (int64_t k = K; k < Kp; k++) q[k] = 128;
     }
-    product(xu, rows, Kp, w, bias128, N, out, tiles, threads);
+    int8_product(xu, rows, Kp, w, bias128, N, out, tiles, threads);
     for (int64_t m = 0; m < M; m++) {
         float *y = out + m * N;
         const float s = xscale[m];

@@ -74,7 +74,6 @@ def library() -> ctypes.CDLL | None:
     try:
         built = cache.root() / "native" / f"int8-kernel-{build_key()}.so"
         if not built.exists():
-            built.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryDirectory() as scratch, files.atomic_path(built) as partial:
                 # built outside the cache: a compiler outliving a killed run never writes there
                 subprocess.run([cc, *FLAGS, str(SOURCE), "-o", f"{scratch}/kernel.so"], check=True,
@@ -120,7 +119,6 @@ def tile_rows() -> int | None:
     except (OSError, ValueError, KeyError):
         pass
     rows = _timed_tile_rows()
-    path.parent.mkdir(parents=True, exist_ok=True)
     files.write_text(path, json.dumps({"rows": rows}))
     return rows
 

@@ -8,8 +8,8 @@ row-invariant instead (kernel measurements: docs/performance.md):
 - `Int8Linear`: weights int8 per output channel (scale = max|w_row| / W, W = `weight_limit()`), activations int8 per ROW
   (per token: scale = max|x_row| / 127), integer GEMM with int32 sums (exact in any order: `torch._int_mm`,
   or a packed kernel, fbgemm, oneDNN or the one compiled here (`specdec.models.native`), fed integers it
-  cannot rescale), then y = sums * w_scale[None, :] * x_scale[:, None] (+ bias) elementwise. Row i depends on x[i] only. (One activation scale per tensor, as fbgemm's
-  dynamic quantization does by itself, couples the rows.) W is 127 where a packed kernel sums exactly in 32 bits
+  cannot rescale), then y = sums * w_scale[None, :] * x_scale[:, None] (+ bias) elementwise. Row i depends on
+  x[i] only. (One activation scale per tensor, as fbgemm's dynamic quantization does by itself, couples the rows.) W is 127 where a packed kernel sums exactly in 32 bits
   (VNNI), and 63 where it sums pairs of u8 x s8 products in 16 bits (fbgemm on AVX2 without VNNI: 2·255·127
   saturates, 2·255·63 = 32130 fits): measured on the machine at load, never read off CPU flags, so the fast kernel
   is always an exact one; of the exact ones, the fastest on this machine's timing for each weight shape
@@ -400,8 +400,8 @@ class Int8Linear(torch.nn.Module):
     (row-invariant).
 
     A packed kernel (`kernel_for`: fbgemm, oneDNN or the one compiled here, the fastest exact one here for the
-    shape) or torch._int_mm (PACKED_MIN_ROWS) give the same exact sums, then the same y = (sums * w_scale) * x_scale + b, so which kernel
-    ran never changes a bit.
+    shape) or torch._int_mm (PACKED_MIN_ROWS) give the same exact sums, then the same y = (sums * w_scale) * x_scale
+    + b, so which kernel ran never changes a bit.
 
     Where the packed kernel computes every product, its packed copy is the only one in memory: `weight` is then a
     meta tensor of the int8 weight's shape and dtype, and `int8_weight()` recovers the weight bit for bit from the
@@ -523,14 +523,16 @@ class Int8Linear(torch.nn.Module):
         return kept
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)  # [M, in], M = tokens
+        y = self._rows(x.reshape(-1, self.in_features).float())  # [M, out], M = tokens
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def _rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """The layer of float32 rows [M, in]: [M, out]."""
         if self.coupled is not None:
-            y = torch.ops.quantized.linear_dynamic(rows.float(), self.coupled, self.reduce_range)  # [M, out]
-            return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+            return torch.ops.quantized.linear_dynamic(rows, self.coupled, self.reduce_range)
         if isinstance(self.packed, native.Packed) and rows.shape[0] >= PACKED_MIN_ROWS:  # the same bits, one call
-            y = native.linear(rows.float(), self.packed, self.weight_scale, self.bias)  # [M, out]
-            return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
-        x_q, x_scale = _quantize_rows(rows.float())
+            return native.linear(rows, self.packed, self.weight_scale, self.bias)
+        x_q, x_scale = _quantize_rows(rows)
         if self.packed is not None and rows.shape[0] >= PACKED_MIN_ROWS:
             sums = _packed_mm(self.kernel, x_q, self.packed)  # [M, out]
         else:
@@ -538,7 +540,7 @@ class Int8Linear(torch.nn.Module):
         y = sums * self.weight_scale * x_scale[:, None]  # [M, out]
         if self.bias is not None:
             y = y + self.bias
-        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        return y
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
