@@ -8,6 +8,7 @@ from specdec.core import hardware
 from specdec.models import formats, loading, quant
 from specdec.models.formats import FormatTiming
 from specdec.testing import perturbed_copy, tiny_config, tiny_folder, tiny_model
+from test_quant import OTHER_LIMIT
 from test_sampling import PROMPT, assert_the_target_law
 
 TIMINGS = [FormatTiming("float32", 0.30, 0.90), FormatTiming("bfloat16", 0.10, 0.11),
@@ -67,7 +68,7 @@ def test_a_choice_is_cached_per_machine_kernel_path_and_shape_and_measured_again
     assert len(measured) == 2
     formats.choose_format(tiny_config("llama", hidden=32), "target")  # other shapes
     assert len(measured) == 3
-    monkeypatch.setattr(quant, "weight_limit", lambda: 63)  # another int8 kernel path (AVX2 without VNNI)
+    monkeypatch.setattr(quant, "weight_limit", lambda: OTHER_LIMIT)  # another int8 kernel path
     formats.choose_format(config, "target")
     assert len(measured) == 4
     about = hardware.describe()

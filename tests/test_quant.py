@@ -19,6 +19,8 @@ from specdec.testing import perturbed_copy, tiny_config, tiny_folder, tiny_model
 ARCHS = ("llama", "qwen2", "gpt2")
 CONTEXT = [1, 5, 9, 33, 17, 60, 4]
 PROMPT = [1, 5, 9, 33, 17, 60, 4]
+OTHER_LIMIT = 63 if quant.weight_limit() == quant.INT8_MAX else quant.INT8_MAX  # the weight range of the other
+# kind of CPU than this one (7 bits where pair sums are 16-bit, as on AVX2 without VNNI; else 8)
 
 
 def rows_alone_equal(op, x: torch.Tensor) -> bool:

@@ -14,7 +14,7 @@ from specdec.models.quant import ROWWISE_ATTENTION, Int8Embedding, Int8Linear
 from specdec.models.quant4 import GROUP_SIZE, Int4Embedding, Int4Linear, quantize_int4
 from specdec.testing import perturbed_copy, tiny_folder, tiny_model
 from test_models_gguf import LAYER_TENSORS, write_tiny_gguf
-from test_quant import (CONTEXT, PROMPT, assert_greedy_identity_at_a_near_tie, assert_n_tokens_are_n_steps,
+from test_quant import (CONTEXT, OTHER_LIMIT, PROMPT, assert_greedy_identity_at_a_near_tie, assert_n_tokens_are_n_steps,
                         assert_speculative_is_target_alone, quantized_pair, rows_alone_equal)
 
 Q = gguf.GGMLQuantizationType
@@ -225,8 +225,8 @@ def test_a_folder_loads_as_int4_then_from_its_store_bit_for_bit(tmp_path, monkey
 
 @pytest.mark.parametrize("module, name, value, reason", [
     (quant4, "packed_layout", "torch 0.0 OTHER", "it changed since its int4 copy was made"),  # the 4-bit packing
-    (quant, "weight_limit", 63, "its int4 copy holds weights up to 127"),  # its int8 head's fast kernel
-])
+    (quant, "weight_limit", OTHER_LIMIT, f"its int4 copy holds weights up to {quant.weight_limit()}"),  # its int8
+])  # head's fast kernel
 def test_a_store_for_another_kernel_is_made_again(tmp_path, monkeypatch, capsys, module, name, value, reason):
     folder = tiny_folder(tmp_path / "tiny", seed=0)
     load_model(str(folder), quant="int4")
@@ -287,7 +287,8 @@ def test_a_gguf_becomes_int4_without_a_float32_copy_and_loads_back_bit_for_bit(t
     assert isinstance(first.model.get_input_embeddings(), Int4Embedding)
     assert torch.equal(first.model.get_input_embeddings()(ids), reference.get_input_embeddings()(ids))  # q4_K exact
     logits, expected = first.model(IDS).logits, reference(IDS).logits
-    assert (logits - expected).abs().max() < 0.1 * expected.abs().max()
+    rms = lambda t: t.pow(2).mean().sqrt()  # noqa: E731 (the largest error of 4 tokens x 300 swings with 7- or 8-bit layers)
+    assert rms(logits - expected) < 0.1 * rms(expected)
     assert_n_tokens_are_n_steps(first.model, CONTEXT, most=9, vocab=300)
     with monkeypatch.context() as patch:
         no_rebuild(patch)
