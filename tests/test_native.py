@@ -7,7 +7,8 @@ import torch
 
 from specdec.models import native, quant
 
-needs_build = pytest.mark.skipif(native.library() is None, reason="not built here (no C compiler, or no AVX512-VNNI)")
+needs_build = pytest.mark.skipif(native.library() is None, reason="not built here (no C compiler, or no AVX2)")
+x86 = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86-64 build targets")
 
 
 @pytest.fixture
@@ -22,11 +23,11 @@ def fresh(monkeypatch, tmp_path):
         cached.cache_clear()
 
 
-def exact_everywhere(on_tiles: bool = False) -> None:
+def exact_everywhere(limit: int, on_tiles: bool = False) -> None:
     generator = torch.Generator().manual_seed(0)
     for n, k in ((100, 77), (17, 130), (33, 64), (300, 200)):  # widths and heights off the 16 / 64 blocks
-        weight = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=generator)
-        weight[:3] = 127  # extremes
+        weight = torch.randint(-limit, limit + 1, (n, k), dtype=torch.int8, generator=generator)
+        weight[:3], weight[3:5] = limit, -limit  # extremes
         packed = native.pack(weight)
         assert torch.equal(native.unpack(packed), weight)
         for m in range(1, 21):
@@ -35,19 +36,35 @@ def exact_everywhere(on_tiles: bool = False) -> None:
             assert torch.equal(native._product(x_q, packed, on_tiles), quant._int_mm(x_q, weight)), (n, k, m)
 
 
+def built_for(monkeypatch, target: str) -> None:
+    """The kernel built for another x86-64 level than this CPU's own (-march=`target`), as on a CPU of that level."""
+    monkeypatch.setattr(native, "FLAGS", tuple(f"-march={target}" if f == "-march=native" else f for f in native.FLAGS))
+
+
 @needs_build
 @pytest.mark.parametrize("on_tiles", [False, True])
 def test_the_kernel_built_here_gives_torch_int_mm_sums_and_its_weight_back(fresh, on_tiles):
     """Both paths where this CPU has them (asking for tiles without them runs the vector path)."""
-    exact_everywhere(on_tiles)
+    exact_everywhere(quant.INT8_MAX, on_tiles)
 
 
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="an x86-64 build target")
-def test_for_a_cpu_without_avx512_vnni_there_is_no_build_and_fbgemm_keeps_its_place(fresh, monkeypatch):
-    """Plain code would be exact at 8 bits but slower than fbgemm with 7-bit weights on an AVX2 CPU, and exact at 8
-    bits it would set the weight range: so there is no build there, and the range and kernels are the others'."""
-    monkeypatch.setattr(native, "FLAGS", tuple("-march=x86-64-v3" if f == "-march=native" else f
-                                               for f in native.FLAGS))
+@needs_build
+@x86
+def test_built_for_avx2_without_vnni_the_kernel_is_exact_for_8_bit_weights(fresh, monkeypatch):
+    """AVX2's pair product saturates 16 bits on x + 128 for 8-bit weights (fbgemm there is exact for 7-bit ones
+    only); the kernel multiplies |x| by w with x's sign instead: exact at 8 bits, so the weight range, and the int8
+    model, are those of every other CPU."""
+    built_for(monkeypatch, "x86-64-v3")
+    assert native.library() is not None and not native.tiles()
+    exact_everywhere(quant.INT8_MAX)
+    assert quant.exact_for("native", quant.INT8_MAX) and quant.weight_limit() == quant.INT8_MAX
+
+
+@x86
+def test_for_a_cpu_without_avx2_there_is_no_build_and_the_other_kernels_run(fresh, monkeypatch):
+    """Plain code, exact at 8 bits by widening, was slower than fbgemm with 7-bit weights, and exact at 8 bits it
+    would set the weight range: so there is no build below AVX2, and the range and kernels are the others'."""
+    built_for(monkeypatch, "x86-64-v2")
     assert native.compiler() is None or native.library() is None
     assert not quant.exact_for("native", quant.INT8_MAX) and "native" not in quant.kernel_path()
 

@@ -1,26 +1,28 @@
 /* specdec's int8 product, compiled on the machine that runs it (specdec/models/native.py).
 
-   out[m, n] = sum_k x[m, k] * w[n, k], exact (int32 sums), as float32. The weight is packed once as
-   [N/16][K/4][16][4] int8 (N padded to 16, K to 64): each 64-byte vector holds 4 consecutive k of 16 outputs,
-   the layout of a VNNI dot-product step and of an AMX B tile. The rows arrive shifted into uint8, xu = x + 128
-   (VNNI and AMX multiply u8 by s8); bias128[n] = 128 * sum_k w[n, k] takes the shift back out.
+   out[m, n] = sum_k x[m, k] * w[n, k], exact (int32 sums), as float32, for any int8 weight in [-127, 127]. The weight
+   is packed once as [N/16][K/4][16][4] int8 (N padded to 16, K to 64): each 64-byte vector holds 4 consecutive k of
+   16 outputs, the layout of a VNNI dot-product step and of an AMX B tile. The rows arrive shifted into uint8,
+   xu = x + 128 (VNNI and AMX multiply u8 by s8); bias128[n] = 128 * sum_k w[n, k] takes the shift back out.
 
-   Two paths, compiled for the CPU at hand (-march=native): VNNI, each weight vector read once for up to 8 rows;
-   AMX tiles, 16 rows at a time, where the compiler targets them and the OS grants them (the caller passes `tiles`
-   from the row count its timing found them faster from). Both give the same exact sums, so which one ran never
-   changes a bit; whether this kernel runs at all is measured (specdec.models.quant). A CPU without AVX512-VNNI
-   gets no build: plain code built for AVX2 took 3.8 ms for one row of a [17920, 1536] weight and 10 ms for
-   five on the CPU in docs/performance.md (the VNNI path: 1.0 and 1.2), while fbgemm with 7-bit weights, exact on
-   an AVX2 CPU, read a [8960, 1536] one in 0.54 ms there; and being exact at 8 bits, plain code would set the
-   weight range and displace fbgemm (`quant.weight_limit`). */
+   The paths, compiled for the CPU at hand (-march=native):
+   - AVX512-VNNI: each weight vector read once for up to 8 rows.
+   - AMX tiles, 16 rows at a time, where the compiler targets them and the OS grants them (the caller passes `tiles`
+     from the row count its timing found them faster from).
+   - AVX2 without VNNI: each half vector (8 outputs x 4 k) read once for up to 4 rows. Its pair product
+     (vpmaddubsw, u8 x s8 summed in 16 bits) saturates on x + 128 for 8-bit weights (2 * 255 * 127 > 32767), which
+     is why fbgemm there is exact only for 7-bit weights; here it multiplies |x| by w with x's sign instead, whose
+     pairs stay within 2 * 127 * 127 < 2^15, so the sums are exact for 8-bit weights and the int8 model is the same,
+     bit for bit, as on any other CPU.
+   Every path gives the same exact sums, so which one ran never changes a bit; whether this kernel runs at all is
+   measured (specdec.models.quant). A CPU with neither gets no build: plain code, exact by widening to 16 bits, took
+   3.8 ms for one row of a [17920, 1536] weight on the Xeon of docs/performance.md (the VNNI path 1.0). */
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
-#if !(defined(__AVX512VNNI__) && defined(__AVX512BW__))
-#error "the int8 product is written for AVX512-VNNI: without it the compiler's plain code is slower than fbgemm"
-#endif
 #include <immintrin.h>
 
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define MB_MAX 8   /* rows one VNNI pass reads each weight vector for */
 
 /* NB blocks of 16 outputs for MB rows: NB x MB accumulators of 16 int32 */
@@ -53,7 +55,7 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *xu, int64_
     }
 }
 #define TILE(nb, mb) tile(xu + m * K, K, w, bias128, blk, N, out + m * ldo, ldo, nb, mb)
-static void vnni_blocks(const uint8_t *xu, int64_t M, int64_t K, const int8_t *w, const int32_t *bias128,
+static void vector_blocks(const uint8_t *xu, int64_t M, int64_t K, const int8_t *w, const int32_t *bias128,
                         int64_t b0, int64_t b1, int64_t N, float *out, int64_t ldo) {
     for (int64_t m = 0; m < M; m += MB_MAX) {
         const int mb = M - m >= MB_MAX ? MB_MAX : (int)(M - m);
@@ -73,6 +75,75 @@ static void vnni_blocks(const uint8_t *xu, int64_t M, int64_t K, const int8_t *w
             }
     }
 }
+
+#elif defined(__AVX2__)
+#define MB_MAX 4   /* rows one AVX2 pass reads each half vector for (16 registers: sums, rows, the weight) */
+
+/* lanes below `left` of 8 on, as a mask for maskload/maskstore */
+static inline __m256i lanes(int64_t left) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(left > 8 ? 8 : (int)left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* NB blocks of 16 outputs (2 NB halves of 8) for MB rows: 2 NB x MB accumulators of 8 int32. x * w = |x| * (w with
+   x's sign), and pairs of those are within 2 * 127 * 127 < 2^15: vpmaddubsw sums them exactly for any int8 weight,
+   then vpmaddwd adds the pairs in 32 bits. */
+static inline __attribute__((always_inline)) void tile(const uint8_t *xu, int64_t K, const int8_t *w,
+        int64_t blk, int64_t N, float *out, int64_t ldo, const int NB, const int MB) {
+    const int64_t K4 = K / 4;
+    const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
+    __m256i acc[4][MB_MAX];
+    #pragma GCC unroll 4
+    for (int i = 0; i < 2 * NB; i++)
+        #pragma GCC unroll 4
+        for (int j = 0; j < MB; j++) acc[i][j] = _mm256_setzero_si256();
+    const int8_t *wb = w + blk * K4 * 64;
+    for (int64_t g = 0; g < K4; g++) {
+        __m256i x[MB_MAX], xa[MB_MAX];  /* 4 k of each row, broadcast: x (xu ^ 0x80, as int8) and |x| */
+        #pragma GCC unroll 4
+        for (int j = 0; j < MB; j++) {
+            x[j] = _mm256_xor_si256(_mm256_set1_epi32(*(const int32_t *)(xu + j * K + 4 * g)), flip);
+            xa[j] = _mm256_abs_epi8(x[j]);
+        }
+        #pragma GCC unroll 4
+        for (int i = 0; i < 2 * NB; i++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(wb + ((i / 2) * K4 + g) * 64 + (i % 2) * 32));
+            #pragma GCC unroll 4
+            for (int j = 0; j < MB; j++)
+                acc[i][j] = _mm256_add_epi32(acc[i][j],
+                                             _mm256_madd_epi16(_mm256_maddubs_epi16(xa[j], _mm256_sign_epi8(v, x[j])), ones));
+        }
+    }
+    #pragma GCC unroll 4
+    for (int i = 0; i < 2 * NB; i++) {
+        const int64_t n = (blk + i / 2) * 16 + (i % 2) * 8;
+        if (n >= N) continue;
+        const __m256i keep = lanes(N - n);
+        #pragma GCC unroll 4
+        for (int j = 0; j < MB; j++) _mm256_maskstore_ps(out + j * ldo + n, keep, _mm256_cvtepi32_ps(acc[i][j]));
+    }
+}
+#define TILE(nb, mb) tile(xu + m * K, K, w, blk, N, out + m * ldo, ldo, nb, mb)
+/* one or two blocks of 16 outputs at a time (two for one or two rows), every group of up to 4 rows over them while
+   they are in the cache */
+static void vector_blocks(const uint8_t *xu, int64_t M, int64_t K, const int8_t *w, const int32_t *bias128,
+                          int64_t b0, int64_t b1, int64_t N, float *out, int64_t ldo) {
+    (void)bias128;  /* the sums are x * w itself: no shift to take out */
+    int64_t blk = b0;
+    if (M <= 2)
+        for (; blk + 2 <= b1; blk += 2) {
+            const int64_t m = 0;
+            if (M == 1) TILE(2, 1); else TILE(2, 2);
+        }
+    for (; blk < b1; blk++)
+        for (int64_t m = 0; m < M; m += MB_MAX)
+            switch (M - m >= MB_MAX ? MB_MAX : (int)(M - m)) {
+                case 1: TILE(1, 1); break; case 2: TILE(1, 2); break; case 3: TILE(1, 3); break;
+                default: TILE(1, 4); break;
+            }
+}
+#else
+#error "the int8 product is written for AVX512-VNNI or AVX2: the compiler's plain code is slower than fbgemm"
+#endif
 
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__)
 #include <sys/syscall.h>
@@ -149,7 +220,7 @@ void int8_product(const uint8_t *xu, int64_t M, int64_t K, const int8_t *w, cons
     for (int64_t b0 = 0; b0 < blocks; b0 += chunk) {
         const int64_t b1 = b0 + chunk < blocks ? b0 + chunk : blocks;
         if (tiles) amx_blocks(xu, M, K, w, bias128, b0, b1, N, out, N);
-        else vnni_blocks(xu, M, K, w, bias128, b0, b1, N, out, N);
+        else vector_blocks(xu, M, K, w, bias128, b0, b1, N, out, N);
     }
 }
 

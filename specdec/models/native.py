@@ -3,18 +3,19 @@
 where its sums are exact and it is the fastest for a weight shape here, like fbgemm and oneDNN.
 
 Why: one row times an int8 weight is a read of the weight, and fbgemm and oneDNN read it for one row at about two
-thirds of the speed a float32 matrix-vector product reads memory on some CPUs; a kernel that reads each 64-byte
-weight vector once for up to 8 rows reads at the float product's speed there, and for the k + 1 rows of a
-verification costs little more than for one (docs/performance.md).
+thirds of the speed a float32 matrix-vector product reads memory on some CPUs; a kernel that reads each weight
+vector once for several rows reads at the float product's speed there, and for the k + 1 rows of a verification
+costs little more than for one; and a Linear on it is one call instead of a dozen small ops (docs/performance.md).
 
 `pack(weight)` lays an int8 weight [N, K] out for the kernel; `mm(x_q, packed)` gives the exact sums of integer rows
 [M, K] with it; `unpack(packed)` is the weight again, bit for bit. Where the CPU has AMX tiles and the OS grants
 them, a product of many rows runs on them: from `tile_rows()` rows on, the row count from which they are faster
 than the vector path here (timed once per machine, like every other choice of path).
 
-The source is written for AVX512-VNNI and fails to build on purpose where the compiler does not target it (the
-source's header says why). Without a C compiler, or where the build fails, `library()` is None and `pack` raises
-RuntimeError: the kernel is then not exact here and never runs, and fbgemm and oneDNN do the products.
+The source has a path for AVX512-VNNI and one for AVX2 without it, both exact for any int8 weight (on AVX2, where
+fbgemm is exact only for 7-bit weights, this keeps the int8 model the same as on every other CPU), and fails to
+build on purpose for a CPU with neither (the source's header says why). Without a C compiler, or where the build fails, `library()` is None and `pack`
+raises RuntimeError: the kernel is then not exact here and never runs, and fbgemm and oneDNN do the products.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ from specdec.models import cache
 SOURCE = Path(__file__).with_name("int8_kernel.c")
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")  # for the CPU at hand, no fused
 # multiply-adds (a Linear's float operations are torch's, one rounding each); OpenMP is torch's own
-ROWS_AT_ONCE = 8  # rows the vector path reads each weight vector for (MB_MAX in the source)
+ROWS_AT_ONCE = 8  # rows the AVX-512 path reads each weight vector for (MB_MAX in the source; tiles come only with it)
 TILE_ROWS = 16  # an AMX tile's rows: the rows of a product on tiles are padded to a multiple of this
 K_ALIGN = 64  # the input width is padded to a multiple of this (an AMX tile row: 64 bytes)
 N_ALIGN = 16  # outputs per packed block
@@ -144,7 +145,7 @@ def _timed_tile_rows() -> int:
 def pack(weight: torch.Tensor) -> Packed:
     """The kernel's layout of int8 weight [N, K]; RuntimeError where the kernel cannot be built here."""
     if library() is None:
-        raise RuntimeError("the int8 kernel is not built here (no C compiler, or a CPU without AVX512-VNNI)")
+        raise RuntimeError("the int8 kernel is not built here (no C compiler, or a CPU without AVX2)")
     n, k = weight.shape
     padded = F.pad(weight, (0, -k % K_ALIGN, 0, -n % N_ALIGN))  # [N', K']
     blocks = padded.view(padded.shape[0] // N_ALIGN, N_ALIGN, padded.shape[1] // 4, 4).permute(0, 2, 1, 3)
