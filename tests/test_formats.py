@@ -135,6 +135,19 @@ def test_a_target_format_with_a_fast_step_but_a_costly_verification_does_not_win
     assert formats.choose_format(tiny_config("qwen2"), "target", recalibrate=True).chosen == "int4"
 
 
+def test_a_draft_is_chosen_by_its_round_its_steps_weighing_as_many_times_as_it_drafts(monkeypatch):
+    """A draft steps VERIFY_ROWS - 1 times for each forward over several tokens: a format with the faster step but
+    the costlier multi-token forward (one pair measured on an AVX2 CPU: int8 51.1 / 80.7 ms, int8-dynamic 63.8 /
+    67.0 ms) is the draft's, while step plus that forward, a target's price, would rank it second."""
+    timings = [FormatTiming("int8", 0.0511, 0.0807), FormatTiming("int8-dynamic", 0.0638, 0.0670)]
+    monkeypatch.setattr(formats, "time_formats", lambda config, candidates, **kw: [
+        t for t in timings if t.format in candidates])
+    draft = formats.choose_format(tiny_config("qwen2"), "draft")
+    assert draft.chosen == "int8" and [t.format for t in draft.ranked()] == ["int8", "int8-dynamic"]
+    assert min(timings, key=lambda t: t.score_s).format == "int8-dynamic"  # the target's price ranks them the other way
+    assert f"{formats.VERIFY_ROWS - 1} steps plus a {formats.VERIFY_ROWS}-token forward" in draft.reason
+
+
 @pytest.mark.parametrize("family", ["qwen2", "llama"])
 def test_a_shallow_view_runs_the_first_layers_of_the_deep_model_and_shares_its_weights(family):
     """The calibration times its shallower depth on a view of the deeper model (`formats.at_depth`): the same

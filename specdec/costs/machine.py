@@ -103,7 +103,7 @@ class MachineReport:
         """Every candidate format measured for each model loaded with "auto", fastest first, the chosen one marked."""
         return [{"model": m.name, "role": m.role, "format": t.format, "step ms": round(t.step_s * 1e3, 2),
                  f"v({VERIFY_ROWS})": round(t.verify_steps, 2),
-                 f"step + {VERIFY_ROWS}-token forward ms": round(t.score_s * 1e3, 2),
+                 "round ms (chosen by)": round(t.round_s(m.role) * 1e3, 2),  # `FormatTiming.round_s`
                  "row-invariant": "yes" if t.format in formats.ROW_INVARIANT else "no",
                  "chosen": "✓" if t.format == m.choice.chosen else ""}
                 for m in self.models if m.choice is not None for t in m.choice.ranked()]

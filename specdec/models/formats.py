@@ -14,9 +14,11 @@ while a calibration takes seconds. The rule:
   for a one-token step plus a VERIFY_ROWS-token forward (`FormatTiming.score_s`: the target alone's price and a
   round's, so a fast step with a costly verification does not win), and the fastest of all only where no
   row-invariant format is available; only its candidates are timed (`candidates`);
-- a draft takes the format of all with the least such time (its proposals, and its catch-up and prefill forwards
-  over several tokens): verification decides the output, so a draft's precision never changes it, only how often
-  its tokens pass.
+- a draft takes the format of all with the least time for the same round seen from the draft: VERIFY_ROWS - 1
+  one-token proposals plus one forward over several tokens (its catch-up after a full acceptance, the prompt's
+  prefill), timed as a VERIFY_ROWS-token forward (`FormatTiming.round_s`): a draft steps k times for each
+  multi-token forward, so its step weighs k times as much as for a target. Verification decides the output, so a
+  draft's precision never changes it, only how often its tokens pass.
 
 Timings are cached as JSON under `$SPECDEC_CACHE/costs/`, keyed by the hardware (CPU model and flags, threads,
 GPU), torch's version, METHOD, the int8 kernel path (`quant.kernel_path()`), the architecture's shapes and the
@@ -62,10 +64,14 @@ class FormatTiming:
 
     @property
     def score_s(self) -> float:
-        """What a format is chosen by: a one-token step plus a VERIFY_ROWS-token forward (a target's plain step and
-        verification; a draft's proposal and its multi-token forwards, the catch-up after a full acceptance and
-        the prompt's prefill), so a fast step with a costly forward over several tokens does not win."""
+        """A one-token step plus a VERIFY_ROWS-token forward: a target's plain step and verification, so a fast
+        step with a costly verification does not win (`round_s`)."""
         return self.step_s + self.verify_s
+
+    def round_s(self, role: str) -> float:
+        """What a format is chosen by for `role`: a target's `score_s`; a draft's VERIFY_ROWS - 1 proposals and one
+        forward over several tokens (a round of VERIFY_ROWS - 1 drafts as the target verifies it)."""
+        return self.score_s if role == "target" else (VERIFY_ROWS - 1) * self.step_s + self.verify_s
 
     @property
     def verify_steps(self) -> float:
@@ -85,11 +91,11 @@ class FormatChoice:
     measured_now: bool = field(default=False)  # False when read from the cache
 
     def ranked(self) -> list[FormatTiming]:
-        """The candidates' timings, fastest (step plus a 5-token forward) first."""
-        return sorted(self.timings, key=lambda t: t.score_s)
+        """The candidates' timings, fastest for the role (`FormatTiming.round_s`) first."""
+        return sorted(self.timings, key=lambda t: t.round_s(self.role))
 
     def describe(self) -> str:
-        """One line per candidate, fastest (step plus a 5-token forward) first, the chosen one marked."""
+        """One line per candidate, fastest for the role first, the chosen one marked."""
         lines = [f"{self.role} format: {self.chosen} ({self.reason})"]
         for t in self.ranked():
             mark = "*" if t.format == self.chosen else " "
@@ -157,9 +163,10 @@ def _cached(config, role: str, device: str, cache_dir) -> tuple[str | None, list
 
 def _choose(role: str, timings: list[FormatTiming], key: str, device: str, measured_now: bool) -> FormatChoice:
     timings = [t for t in timings if t.format in candidates(device, role)]
-    best = min(timings, key=lambda t: t.score_s)
+    best = min(timings, key=lambda t: t.round_s(role))
     if role == "draft":
-        reason = "the fastest here, step plus a 5-token forward; a draft's precision never changes the output"
+        reason = (f"the fastest here, {VERIFY_ROWS - 1} steps plus a {VERIFY_ROWS}-token forward; a draft's "
+                  "precision never changes the output")
     elif best.format in ROW_INVARIANT:
         reason = ("the fastest here, step plus verification, of the formats whose verification rows are its "
                   "one-token steps (the others are not timed for a target)")
