@@ -20,6 +20,8 @@
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 #include <immintrin.h>
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
@@ -227,11 +229,14 @@ void int8_product(const uint8_t *xu, int64_t M, int64_t K, const int8_t *w, cons
 /* A row-invariant int8 Linear, what specdec.models.quant.Int8Linear computes with torch ops, the same operations
    in the same order (built with -ffp-contract=off: no fused multiply-adds), so the same bits: each row quantized
    alone, scale = max(max|x| / 127, FLT_MIN), q = round-half-even(x / scale) clamped to [-127, 127]; then
-   y = sums * wscale[n] * scale[m] (+ bias[n]). x [M][K] float32; xu [rows][Kp] scratch (rows = M, or M padded to
-   16 where tiles); xscale [M] out; out [rows][N]. */
-void int8_linear(const float *x, int64_t M, int64_t K, int64_t rows, int64_t Kp, uint8_t *xu, const int8_t *w,
-                 const int32_t *bias128, int64_t N, const float *wscale, const float *bias, float *xscale,
-                 float *out, int tiles, int threads) {
+   y = sums * wscale[n] * scale[m] (+ bias[n]). x [M][K] float32; out [rows][N] (rows = M, or M padded to 16 where
+   tiles). Returns 0, or -1 where its scratch (the rows' scales and their codes, [rows][Kp]) could not be had. */
+int int8_linear(const float *x, int64_t M, int64_t K, int64_t rows, int64_t Kp, const int8_t *w,
+                const int32_t *bias128, int64_t N, const float *wscale, const float *bias, float *out, int tiles,
+                int threads) {
+    float *xscale = malloc(M * sizeof(float) + rows * Kp);
+    if (!xscale) return -1;
+    uint8_t *xu = (uint8_t *)(xscale + M);
     for (int64_t m = 0; m < M; m++) {
         const float *row = x + m * K;
         float amax = 0.0f;
@@ -247,6 +252,7 @@ void int8_linear(const float *x, int64_t M, int64_t K, int64_t rows, int64_t Kp,
         }
         for (int64_t k = K; k < Kp; k++) q[k] = 128;
     }
+    memset(xu + M * Kp, 128, (rows - M) * Kp);  /* rows padding a tile: zeros (x + 128), their sums unread */
     int8_product(xu, rows, Kp, w, bias128, N, out, tiles, threads);
     for (int64_t m = 0; m < M; m++) {
         float *y = out + m * N;
@@ -254,4 +260,6 @@ void int8_linear(const float *x, int64_t M, int64_t K, int64_t rows, int64_t Kp,
         if (bias) for (int64_t n = 0; n < N; n++) y[n] = y[n] * wscale[n] * s + bias[n];
         else for (int64_t n = 0; n < N; n++) y[n] = y[n] * wscale[n] * s;
     }
+    free(xscale);
+    return 0;
 }

@@ -14,8 +14,9 @@ than the vector path here (timed once per machine, like every other choice of pa
 
 The source has a path for AVX512-VNNI and one for AVX2 without it, both exact for any int8 weight (on AVX2, where
 fbgemm is exact only for 7-bit weights, this keeps the int8 model the same as on every other CPU), and fails to
-build on purpose for a CPU with neither (the source's header says why). Without a C compiler, or where the build fails, `library()` is None and `pack`
-raises RuntimeError: the kernel is then not exact here and never runs, and fbgemm and oneDNN do the products.
+build on purpose for a CPU with neither (the source's header says why). Without a C compiler, or where the build
+fails, `library()` is None and `pack` raises RuntimeError: the kernel is then not exact here and never runs, and
+fbgemm and oneDNN do the products.
 """
 from __future__ import annotations
 
@@ -87,9 +88,9 @@ def library() -> ctypes.CDLL | None:
                                  ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     lib.int8_product.restype = None
     lib.int8_linear.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                                ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                                ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-    lib.int8_linear.restype = None
+                                ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                                ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    lib.int8_linear.restype = ctypes.c_int
     return lib
 
 
@@ -204,13 +205,12 @@ def linear(x: torch.Tensor, packed: Packed, weight_scale: torch.Tensor, bias: to
     on_tiles = _on_tiles(m)  # tile_rows() is None without tiles
     padded = _rows(m, on_tiles)
     x = x.contiguous()
-    width = packed.blocks.shape[1] * 4
-    scratch = torch.empty(padded, width, dtype=torch.uint8)
-    x_scale = torch.empty(m)
     out = torch.empty(padded, packed.out_features)
     with _profiled():
-        library().int8_linear(x.data_ptr(), m, k, padded, width, scratch.data_ptr(), packed.blocks.data_ptr(),
-                              packed.shift.data_ptr(), packed.out_features, weight_scale.data_ptr(),
-                              None if bias is None else bias.data_ptr(), x_scale.data_ptr(), out.data_ptr(),
-                              on_tiles, torch.get_num_threads())
-    return out[:m]
+        failed = library().int8_linear(x.data_ptr(), m, k, padded, packed.blocks.shape[1] * 4, packed.blocks.data_ptr(),
+                                       packed.shift.data_ptr(), packed.out_features, weight_scale.data_ptr(),
+                                       None if bias is None else bias.data_ptr(), out.data_ptr(), on_tiles,
+                                       torch.get_num_threads())
+    if failed:
+        raise MemoryError("no memory for an int8 product's rows")
+    return out if padded == m else out[:m]
