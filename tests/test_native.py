@@ -53,7 +53,7 @@ def test_the_kernel_built_here_gives_torch_int_mm_sums_and_its_weight_back(fresh
 def test_built_for_avx2_without_vnni_the_kernel_is_exact_for_8_bit_weights(fresh, monkeypatch):
     """AVX2's pair product saturates 16 bits on x + 128 for 8-bit weights (fbgemm there is exact for 7-bit ones
     only); the kernel multiplies |x| by w with x's sign instead: exact at 8 bits, so the weight range, and the int8
-    model, are those of every other CPU."""
+    model's weights, are those of every other CPU."""
     built_for(monkeypatch, "x86-64-v3")
     assert native.library() is not None and not native.tiles()
     exact_everywhere(quant.INT8_MAX)

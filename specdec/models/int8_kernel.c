@@ -12,8 +12,8 @@
    - AVX2 without VNNI: each half vector (8 outputs x 4 k) read once for up to 4 rows. Its pair product
      (vpmaddubsw, u8 x s8 summed in 16 bits) saturates on x + 128 for 8-bit weights (2 * 255 * 127 > 32767), which
      is why fbgemm there is exact only for 7-bit weights; here it multiplies |x| by w with x's sign instead, whose
-     pairs stay within 2 * 127 * 127 < 2^15, so the sums are exact for 8-bit weights and the int8 model is the same,
-     bit for bit, as on any other CPU.
+     pairs stay within 2 * 127 * 127 < 2^15, so the sums are exact for 8-bit weights: the int8 model has the same
+     weights and the same integer sums as on any other CPU.
    Every path gives the same exact sums, so which one ran never changes a bit; whether this kernel runs at all is
    measured (specdec.models.quant). A CPU with neither gets no build: plain code, exact by widening to 16 bits, took
    3.8 ms for one row of a [17920, 1536] weight on the Xeon of docs/performance.md (the VNNI path 1.0). */
