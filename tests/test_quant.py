@@ -62,9 +62,11 @@ def test_int8_linear_row_i_of_m_rows_is_row_i_alone(shape):
 
 @pytest.mark.parametrize("kernel", quant.KERNELS)
 def test_each_packed_kernel_exact_here_gives_torch_int_mm_sums_and_its_weight_back(kernel):
-    limit = quant.weight_limit()
-    if not quant.exact_for(kernel, limit):
-        pytest.skip(f"{kernel} does not sum {limit}-bounded weights exactly here")
+    """At the widest weight range the kernel sums exactly here (fbgemm on AVX2 without VNNI: 7 bits, though the
+    compiled kernel's 8 bits set the machine's range)."""
+    limit = next((limit for limit in quant.WEIGHT_LIMITS if quant.exact_for(kernel, limit)), None)
+    if limit is None:
+        pytest.skip(f"{kernel} sums no weight range exactly here")
     torch.manual_seed(0)
     weight = torch.randint(-limit, limit + 1, (300, 200), dtype=torch.int8)
     packed = quant._part(kernel, "pack")(weight)
@@ -78,9 +80,12 @@ def test_each_packed_kernel_exact_here_gives_torch_int_mm_sums_and_its_weight_ba
 def test_each_shape_runs_the_fastest_exact_kernel_measured_here_once_per_machine(monkeypatch, tmp_path):
     """Timed on this machine (never read off flags) once per weight shape, the choice kept with the machine's
     description: a kernel slower here for that shape, or inexact, is not chosen."""
-    exact = quant.exact_kernels()
-    if len(exact) < 2:
+    limit = next((limit for limit in quant.WEIGHT_LIMITS  # where one kernel alone is exact at 8 bits, the 7-bit
+                  if sum(quant.exact_for(kernel, limit) for kernel in quant.KERNELS) >= 2), None)  # range's race
+    if limit is None:
         pytest.skip("fewer than two exact packed kernels here")
+    monkeypatch.setattr(quant, "weight_limit", lambda: limit)
+    exact = quant.exact_kernels()
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
     monkeypatch.setattr(quant, "_CHOSEN", {})
     fast, slow = exact[0], exact[1]
