@@ -111,8 +111,8 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *xu, int64_
             const __m256i v = _mm256_loadu_si256((const __m256i *)(wb + ((i / 2) * K4 + g) * 64 + (i % 2) * 32));
             #pragma GCC unroll 4
             for (int j = 0; j < MB; j++)
-                acc[i][j] = _mm256_add_epi32(acc[i][j],
-                                             _mm256_madd_epi16(_mm256_maddubs_epi16(xa[j], _mm256_sign_epi8(v, x[j])), ones));
+                acc[i][j] = _mm256_add_epi32(
+                    acc[i][j], _mm256_madd_epi16(_mm256_maddubs_epi16(xa[j], _mm256_sign_epi8(v, x[j])), ones));
         }
     }
     #pragma GCC unroll 4

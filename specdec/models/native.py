@@ -13,10 +13,10 @@ them, a product of many rows runs on them: from `tile_rows()` rows on, the row c
 than the vector path here (timed once per machine, like every other choice of path).
 
 The source has a path for AVX512-VNNI and one for AVX2 without it, both exact for any int8 weight (on AVX2, where
-fbgemm is exact only for 7-bit weights, this keeps the int8 model's weights and sums those of every other CPU), and fails to
-build on purpose for a CPU with neither (the source's header says why). Without a C compiler, or where the build
-fails, `library()` is None and `pack` raises RuntimeError: the kernel is then not exact here and never runs, and
-fbgemm and oneDNN do the products.
+fbgemm is exact only for 7-bit weights, this keeps the int8 model's weights and sums those of every other CPU),
+and fails to build on purpose for a CPU with neither (the source's header says why). Without a C compiler, or
+where the build fails, `library()` is None and `pack` raises RuntimeError: the kernel is then not exact here and
+never runs, and fbgemm and oneDNN do the products.
 """
 from __future__ import annotations
 
