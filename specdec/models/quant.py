@@ -13,7 +13,8 @@ row-invariant instead (kernel measurements: docs/performance.md):
   W is 127 where a packed kernel sums 8-bit weights exactly (VNNI's 32-bit sums; on AVX2 the compiled kernel's
   |x| times w with x's sign), and 63 where the only fast ones sum pairs of u8 x s8 products in 16 bits (fbgemm
   on AVX2 without VNNI and without a C compiler: 2·255·127 saturates, 2·255·63 = 32130 fits): measured on the
-  machine at load, never read off CPU flags, so the fast kernel is always an exact one; of the exact ones, the fastest on this machine's timing for each weight shape
+  machine at load, never read off CPU flags, so the fast kernel is always an exact one; of the exact ones, the
+  fastest on this machine's timing for each weight shape
   (`kernel_for`: oneDNN's cost grows less with the rows where it has int8 matrix units). A layer a packed kernel
   computes holds only its packed copy (one byte a weight in memory); its int8 weight, for a store or the
   int8-dynamic form, is recovered from that copy bit for bit.
