@@ -106,7 +106,7 @@ def test_load_model_auto_loads_the_measured_choice_for_its_role(tmp_path, measur
     assert loading.load_model(folder, dtype="bfloat16").dtype == "bfloat16"  # an explicit format is kept
 
 
-@pytest.mark.parametrize("draft_format", ["bfloat16", "int8", "int8-dynamic"])
+@pytest.mark.parametrize("draft_format", ["bfloat16", "int8", "int8-dynamic", "int4-dynamic"])
 def test_a_draft_in_another_format_than_the_target_keeps_greedy_output(draft_format):
     target = tiny_model("qwen2", seed=0)
     draft = formats.to_format(perturbed_copy(target, noise=0.05), draft_format)
@@ -118,9 +118,10 @@ def test_a_draft_in_another_format_than_the_target_keeps_greedy_output(draft_for
     assert sum(r.num_accepted for r in result.rounds) > 0  # the quantized draft still proposes what the target keeps
 
 
-def test_a_quantized_draft_keeps_the_targets_sampling_law():
+@pytest.mark.parametrize("draft_format", ["int8-dynamic", "int4-dynamic"])
+def test_a_quantized_draft_keeps_the_targets_sampling_law(draft_format):
     target = tiny_model("llama", seed=3, vocab_size=48)
-    assert_the_target_law(target, formats.to_format(perturbed_copy(target, noise=0.6, seed=5), "int8-dynamic"))
+    assert_the_target_law(target, formats.to_format(perturbed_copy(target, noise=0.6, seed=5), draft_format))
 
 
 def test_a_target_format_with_a_fast_step_but_a_costly_verification_does_not_win(monkeypatch):

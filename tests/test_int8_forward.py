@@ -33,7 +33,8 @@ def feeds(lm: CachedLM) -> list[torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("form", ["int8", "int8-dynamic"])  # the row-invariant target's, the coupled draft's
+# the row-invariant target's, the coupled draft's, the 4-bit draft's
+@pytest.mark.parametrize("form", ["int8", "int8-dynamic", "int4-dynamic"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])  # 4 query heads over 2 key/value heads (tiny_config)
 def test_the_own_forward_gives_the_models_own_logits_bit_for_bit(monkeypatch, arch, form):
     monkeypatch.setattr(kv, "MIN_CAPACITY", 16)  # the cache grows twice in `feeds`
@@ -45,7 +46,7 @@ def test_the_own_forward_gives_the_models_own_logits_bit_for_bit(monkeypatch, ar
     assert lm.cache.length == len(lm.token_ids) and lm.cache.keys[0].shape[-2] >= lm.cache.length
 
 
-@pytest.mark.parametrize("form", ["int8", "int8-dynamic"])
+@pytest.mark.parametrize("form", ["int8", "int8-dynamic", "int4-dynamic"])
 def test_a_view_of_the_first_layers_runs_its_own_plan(form):
     model = int8_model("qwen2", form, layers=4)
     view = formats.at_depth(model, 2)

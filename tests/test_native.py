@@ -111,3 +111,47 @@ def test_a_linear_in_one_call_is_bitwise_the_layer_computed_with_torch_ops_aroun
             expected = native.mm(x_q, packed) * layer.weight_scale * x_scale[:, None]
             expected = expected + layer.bias if bias else expected
             assert torch.equal(native.linear(x, packed, layer.weight_scale, layer.bias), expected), (n, k, m)
+
+
+def product4_everywhere() -> dict:
+    """`native.linear4` against its definition: each row quantized alone (symmetric int8, as an int8 Linear's), then
+    x_scale * sum over groups of (scale * the exact sum of code * x_q - offset * the sum of x_q), scale and offset
+    in float16; and each row computed alone gives the same bits as in any batch (1..9 rows, the rows of a draft's
+    proposals, catch-ups and prefills). Returns the outputs, to compare builds."""
+    generator = torch.Generator().manual_seed(0)
+    outputs = {}
+    for n, k in ((100, 64), (17, 160), (48, 896)):  # heights off the 16-output blocks
+        codes = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=generator)
+        scale, offset = torch.rand(n, k // 32, generator=generator), torch.randn(n, k // 32, generator=generator)
+        bias = torch.randn(n, generator=generator)
+        packed = native.pack4(codes, scale, offset)
+        x = torch.randn(9, k, generator=generator) * torch.logspace(-3, 3, 9)[:, None]
+        x_q, x_scale = quant._quantize_rows(x)
+        sums = (codes.double()[None] * x_q.double()[:, None]).view(9, n, -1, 32).sum(-1)  # [M, n, groups], exact
+        group_sums = x_q.double().view(9, 1, -1, 32).sum(-1)  # [M, 1, groups]
+        expected = (scale.half().double() * sums - offset.half().double() * group_sums).sum(-1) * x_scale[:, None]
+        y = native.linear4(x, packed, bias)
+        torch.testing.assert_close(y, (expected + bias).float(), rtol=1e-5, atol=1e-5 * float(expected.abs().max()))
+        for m in range(1, 10):
+            assert torch.equal(native.linear4(x[:m], packed, bias), y[:m])
+            assert torch.equal(native.linear4(x[m - 1:m], packed, bias), y[m - 1:m])
+        outputs[(n, k)] = y
+    return outputs
+
+
+@needs_build
+def test_a_4_bit_product_is_its_definition_and_each_row_is_computed_alone(fresh):
+    product4_everywhere()
+
+
+@needs_build
+@x86
+def test_built_for_avx2_the_4_bit_product_gives_the_bits_of_the_build_here(fresh, monkeypatch):
+    """The AVX2 path sums the same integers and scales them with the same float operations, in the same order."""
+    here = product4_everywhere()
+    native.library.cache_clear()
+    native.build_key.cache_clear()
+    built_for(monkeypatch, "x86-64-v3")
+    assert native.library() is not None
+    avx2 = product4_everywhere()
+    assert all(torch.equal(here[shape], avx2[shape]) for shape in here)

@@ -8,7 +8,8 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 from specdec import autoregressive_generate, speculative_generate
-from specdec.models import cache, gguf_read, load_draft, load_model, quant, quant4, quant_store
+from specdec.core.kv import CachedLM
+from specdec.models import cache, formats, gguf_read, load_draft, load_model, quant, quant4, quant_store
 from specdec.models.gguf_dequant import dequantize_groups
 from specdec.models.quant import ROWWISE_ATTENTION, Int8Embedding, Int8Linear
 from specdec.models.quant4 import GROUP_SIZE, Int4Embedding, Int4Linear, quantize_int4
@@ -217,6 +218,18 @@ def test_a_folder_loads_as_int4_then_from_its_store_bit_for_bit(tmp_path, monkey
     draft = load_draft(str(folder), load_model(str(folder), quant="int8"), dtype="int4")  # an int8 target's draft
     assert draft.dtype == "int4" and any(isinstance(m, Int4Linear) for m in draft.model.modules())
     assert load_model(str(folder), dtype="int4").source == "cache (int4)"  # dtype int4 = quant int4
+    with monkeypatch.context() as patch:  # the int4-dynamic draft: the same store, on the compiled product
+        no_rebuild(patch)
+        dynamic = load_draft(str(folder), stored, dtype="int4-dynamic")
+    assert (dynamic.dtype, dynamic.source) == ("int4-dynamic", "cache (int4)")
+    assert formats.format_of(dynamic.model) == "int4-dynamic" and CachedLM(dynamic.model).plan is not None
+    assert "int4-dynamic" in formats.candidates("cpu", "draft") and "int4-dynamic" not in formats.candidates(
+        "cpu", "target")  # a draft's form
+    logits, expected = dynamic.model(FOLDER_IDS).logits, stored.model(FOLDER_IDS).logits
+    assert float((logits - expected).norm() / expected.norm()) < 0.05  # the same 4-bit weights, rows in int8
+    alone = autoregressive_generate(stored.model, FOLDER_IDS, max_new_tokens=16, eos_token_id=[])
+    result = speculative_generate(stored.model, dynamic, FOLDER_IDS, k=4, max_new_tokens=16, eos_token_id=[])
+    assert result.token_ids == alone.token_ids
     with pytest.raises(ValueError, match="quantizes float32"):
         load_model(str(folder), quant="int4", dtype="bfloat16")
     with pytest.raises(ValueError, match="CPU only"):

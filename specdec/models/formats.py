@@ -3,7 +3,9 @@
 The formats (`FORMATS`): float32; bfloat16; int8, the row-invariant integer path of `specdec.models.quant`
 (verification rows bitwise one-token steps, so greedy output equals the target alone by construction);
 int8-dynamic, fbgemm's own dynamic quantization (`quant.couple_rows`: one op per layer, rows not independent);
-and int4, 4-bit weights read straight from a GGUF (`specdec.models.quant4`, row-invariant too).
+int4, 4-bit weights read straight from a GGUF (`specdec.models.quant4`, row-invariant too); and int4-dynamic, those
+4-bit weights on specdec's compiled product with rows quantized to int8 on the fly (`quant4.dynamic_rows`, a draft's
+form, where the product builds here).
 
 `choose_format(config, role)` times each candidate on a random-weight model of `config`'s real architecture
 (v(n) and c depend on shapes, not values) at two depths, LAYERS, and extrapolates to the model's depth:
@@ -39,19 +41,19 @@ from transformers.initialization import no_init_weights
 from specdec.core import files, hardware
 from specdec.core.forwards import CONTEXT_TOKENS, forward_seconds, primed_cache
 from specdec.core.timing import interleaved
-from specdec.models import cache, quant, quant4
+from specdec.models import cache, native, quant, quant4
 from specdec.models.speed import apply_speed_levers
 
-FORMATS = ("float32", "bfloat16", "int8", "int8-dynamic", "int4")  # weight formats a model can run in here
+FORMATS = ("float32", "bfloat16", "int8", "int8-dynamic", "int4", "int4-dynamic")  # weight formats a model can run in
 ROW_INVARIANT = ("int8", "int4")  # formats whose verification rows are bitwise one-token steps
-CPU_ONLY = ("int8", "int8-dynamic", "int4")  # formats of integer codes, with CPU kernels only (timed on drawn codes)
+CPU_ONLY = ("int8", "int8-dynamic", "int4", "int4-dynamic")  # formats of integer codes, with CPU kernels only (timed on drawn codes)
 ROLES = ("target", "draft")
 LAYERS = (2, 6)  # depths timed; the model's depth is extrapolated from these two
 VERIFY_ROWS = 5  # rows of the timed verification forward (k = 4 drafts + the target's token)
 REPEATS = 7  # timed forwards per depth and size, the two depths interleaved; the fastest is kept (noise only adds)
 SCREEN_REPEATS = 2  # repeats every format gets; the rest only where these score under SCREEN_MARGIN × the best
 SCREEN_MARGIN = 1.5  # a format this much slower than one already timed is not timed further: it cannot win
-METHOD = 4  # bump when what a format calibration measures changes (4: int8 models run `specdec.models.int8_forward`)
+METHOD = 5  # bump when what a format calibration measures changes (5: int4-dynamic made from the int4 model timed)
 
 
 @dataclass
@@ -104,13 +106,16 @@ class FormatChoice:
         return "\n".join(lines)
 
 
-DRAFT_ONLY = ("int8-dynamic",)  # formats whose rows are not independent: never a target's
+DRAFT_ONLY = ("int8-dynamic", "int4-dynamic")  # a draft's forms (rows coupled, or not the row-invariant bits)
+DERIVED = {"int8-dynamic": ("int8", quant.couple_rows),  # format: (the format whose model it is made from, how)
+           "int4-dynamic": ("int4", quant4.dynamic_rows)}
 
 
 def candidates(device: str = "cpu", role: str = "draft") -> tuple[str, ...]:
     """The formats "auto" may choose for `role` on `device`: for a draft every format with kernels there; for a
     target only the row-invariant ones where the device has any, else all but DRAFT_ONLY."""
-    available = tuple(f for f in FORMATS if device == "cpu" or f not in CPU_ONLY)
+    available = tuple(f for f in FORMATS if (device == "cpu" or f not in CPU_ONLY)
+                      and (f != "int4-dynamic" or native.library() is not None))
     if role == "draft":
         return available
     return tuple(f for f in available if f in ROW_INVARIANT) or tuple(f for f in available if f not in DRAFT_ONLY)
@@ -181,29 +186,30 @@ def time_formats(config, formats, *, device: str = "cpu", repeats: int = REPEATS
     `repeats` kept: noise only adds). Each format's model is made for it alone, at the deeper depth: a float one
     has its random weights drawn in its own dtype; an int8 or 4-bit one has its codes drawn (`_drawn`) on a
     model whose float weights are never filled (nor read); int8-dynamic is the int8 model just timed, its rows
-    coupled. The shallower depth is a view of the deeper model's first layers (`at_depth`), and one format's model
+    coupled, and int4-dynamic the int4 one (`DERIVED`). The shallower depth is a view of the deeper model's first layers (`at_depth`), and one format's model
     is alive at a time. The integer formats are timed first (the cheapest to make); a format whose first
     SCREEN_REPEATS already score SCREEN_MARGIN times the fastest timed so far keeps those (`_timed`)."""
     deep = functools.partial(random_model, config, max(LAYERS), device)
     formats = list(formats)
-    ordered = sorted(formats, key=lambda f: f not in CPU_ONLY)  # stable: int8 stays just before int8-dynamic
-    with quant.weights_kept():  # int8-dynamic couples the int8 model's weights as they are, never unpacked
+    ordered = sorted(formats, key=lambda f: f not in CPU_ONLY)  # stable: int8 and int4 stay just before their DERIVED
+    with quant.weights_kept():  # the DERIVED forms take the model's weights as they are, never unpacked
         timings = _time_each(deep, config.num_hidden_layers, ordered, repeats)
     return sorted(timings, key=lambda t: formats.index(t.format))  # in the order asked
 
 
 def _time_each(deep, depth: int, formats, repeats: int) -> list[FormatTiming]:
-    timings, int8 = [], None
+    timings, last = [], None  # the last format timed and its model
     for format_ in formats:
-        if format_ == "int8-dynamic" and int8 is not None:
-            model = quant.couple_rows(int8)  # the int8 model just timed, run by fbgemm's dynamic kernel: as to_format
+        source, derive = DERIVED.get(format_, (None, None))
+        if last is not None and last[0] == source:
+            model = derive(last[1])  # the model just timed in its draft's form: as to_format makes it
         elif format_ in CPU_ONLY:
             model = _drawn(deep(values=False), format_)
         else:
             model = _drawn(deep(dtype=_dtype(format_)), format_)
         bar = min((t.score_s for t in timings), default=float("inf")) * SCREEN_MARGIN
         timings.append(_timed(model, depth, format_, repeats, bar))
-        int8 = model if format_ == "int8" else None
+        last = (format_, model) if format_ in ("int8", "int4") else None
         del model  # before the next format's model is made: one format's model alive at a time
     return timings
 
@@ -288,9 +294,11 @@ def _config_at_depth(config, layers: int):
 
 def format_of(model: torch.nn.Module) -> str:
     """The weight format a model runs in, read off its layers (one of FORMATS; another float dtype by its name):
-    int4 where a layer is 4-bit, int8-dynamic where its int8 layers run fbgemm's coupled rows, int8, else the
-    dtype of its parameters."""
+    int4-dynamic where a layer is a 4-bit draft's, int4 where a layer is 4-bit, int8-dynamic where its int8 layers
+    run fbgemm's coupled rows, int8, else the dtype of its parameters."""
     layers = [m for m in model.modules() if isinstance(m, (quant.Int8Linear, quant4.Int4Linear))]
+    if any(isinstance(m, quant4.Int4DynamicLinear) for m in model.modules()):
+        return "int4-dynamic"
     if any(isinstance(m, quant4.Int4Linear) for m in layers):
         return "int4"
     if any(m.coupled is not None for m in layers):
@@ -309,8 +317,9 @@ def to_format(model: torch.nn.Module, format_: str) -> torch.nn.Module:
     if format_ in ("int8", "int8-dynamic"):
         quant.quantize_int8(model.float())
         return quant.couple_rows(model) if format_ == "int8-dynamic" else model
-    if format_ == "int4":
-        return quant4.quantize_int4(model.float())
+    if format_ in ("int4", "int4-dynamic"):
+        quant4.quantize_int4(model.float())
+        return quant4.dynamic_rows(model) if format_ == "int4-dynamic" else model
     apply_speed_levers(model)
     return model
 

@@ -12,8 +12,9 @@ only sooner (docs/performance.md, "Each int8 model's own forward").
 
 CachedLM runs it wherever `specdec.models.quant` marked the model (`specdec.core.kv.DECODER_FLAG`: the int8 target
 with its row-by-row attention, a coupled draft with sdpa's) and this module knows the layout: DECODER_TYPES, full
-attention, SiLU MLPs, every Linear int8 with q/k/v and gate/up each one shared-input layer. Any other model (the
-4-bit one, whose q/k/v are apart), or any model with SPECDEC_TRANSFORMERS_FORWARD=1, runs its own forward.
+attention, SiLU MLPs, every Linear int8 (or the int4-dynamic draft's 4-bit, `specdec.models.quant4`) with q/k/v and
+gate/up each one shared-input layer. Any other model (the row-invariant 4-bit one, whose q/k/v are apart), or any
+model with SPECDEC_TRANSFORMERS_FORWARD=1, runs its own forward.
 """
 from __future__ import annotations
 
@@ -200,7 +201,8 @@ def _shared(*slices: torch.nn.Module) -> Linear:
 
 
 def _weight(linear: torch.nn.Module) -> Linear:
-    """The int8 Linear's own forward, called without a module call around it."""
-    if not all(hasattr(linear, name) for name in ("weight_scale", "coupled", "packed")):
-        raise LayoutError("not an int8 layer")
+    """The integer Linear's own forward (an int8 one, or a draft's 4-bit one: `direct`), called without a module
+    call around it."""
+    if not getattr(linear, "direct", False):
+        raise LayoutError("not an int8 or 4-bit draft layer")
     return linear.forward

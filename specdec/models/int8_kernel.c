@@ -147,6 +147,174 @@ static void vector_blocks(const uint8_t *xu, int64_t M, int64_t K, const int8_t 
 #error "the int8 product is written for AVX512-VNNI or AVX2: the compiler's plain code is slower than fbgemm"
 #endif
 
+/* A row's int8 scale, max(max|x| / 127, FLT_MIN) (NaN kept), and a value's code under it: round-half-even(x / scale)
+   clamped to [-127, 127]; torch's float operations, one rounding each (an int8 Linear's, specdec.models.quant). */
+static inline float row_scale(const float *row, int64_t K) {
+    float amax = 0.0f;
+    for (int64_t k = 0; k < K; k++) amax = fmaxf(amax, fabsf(row[k]));
+    const float scale = amax / 127.0f;
+    return scale >= FLT_MIN ? scale : scale != scale ? scale : FLT_MIN;
+}
+static inline float code_of(float x, float scale) {
+    const float v = nearbyintf(x / scale);
+    return v < -127.0f ? -127.0f : v > 127.0f ? 127.0f : v;
+}
+
+/* The 4-bit product of a draft (specdec.models.quant4.Int4DynamicLinear): w[n, k] = code * scale[n, g] - offset[n, g]
+   with code in 0..15 over groups g of G4 inputs. Packed as [N/16][K/8][16][4] bytes, a byte of output o holding
+   code[k] in its low nibble and code[k + 4] in its high one, so one 64-byte vector is two VNNI steps of 16 outputs
+   (u8 codes times s8 inputs); scales [N/16][K/G4][2][16] fp16, the 16 scales then the 16 offsets of a block and
+   group. Each row of x is quantized alone to int8 (symmetric, as in int8_linear); a group's exact int32 sums are
+   scaled in float32: y = x_scale * sum_g (scale * sum(code * x_q) - offset * sum(x_q)). Rows never meet. */
+#define G4 32
+#define MB4 4   /* rows one pass reads each weight vector for */
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+static inline __attribute__((always_inline)) void tile4(const int8_t *xq, const float *xsum, int64_t K,
+        const uint8_t *w, const uint16_t *sz, int64_t blk, int64_t N, float *out, int64_t ldo, const int NB,
+        const int MB) {
+    const int64_t K8 = K / 8, G = K / G4;
+    const __m512i low = _mm512_set1_epi8(0x0F);
+    __m512 acc[2][MB4];
+    #pragma GCC unroll 2
+    for (int i = 0; i < NB; i++)
+        #pragma GCC unroll 4
+        for (int j = 0; j < MB; j++) acc[i][j] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; g++) {
+        __m512i dot[2][MB4];
+        #pragma GCC unroll 2
+        for (int i = 0; i < NB; i++)
+            #pragma GCC unroll 4
+            for (int j = 0; j < MB; j++) dot[i][j] = _mm512_setzero_si512();
+        #pragma GCC unroll 4
+        for (int p = g * (G4 / 8); p < (g + 1) * (G4 / 8); p++)
+            #pragma GCC unroll 2
+            for (int i = 0; i < NB; i++) {
+                const __m512i v = _mm512_loadu_si512(w + ((blk + i) * K8 + p) * 64);
+                const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+                #pragma GCC unroll 4
+                for (int j = 0; j < MB; j++) {
+                    const int8_t *x = xq + j * K + 8 * p;
+                    dot[i][j] = _mm512_dpbusd_epi32(dot[i][j], lo, _mm512_set1_epi32(*(const int32_t *)x));
+                    dot[i][j] = _mm512_dpbusd_epi32(dot[i][j], hi, _mm512_set1_epi32(*(const int32_t *)(x + 4)));
+                }
+            }
+        #pragma GCC unroll 2
+        for (int i = 0; i < NB; i++) {
+            const uint16_t *s = sz + ((blk + i) * G + g) * 32;
+            const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)s));
+            const __m512 offset = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + 16)));
+            #pragma GCC unroll 4
+            for (int j = 0; j < MB; j++)
+                acc[i][j] = _mm512_sub_ps(_mm512_add_ps(acc[i][j], _mm512_mul_ps(scale, _mm512_cvtepi32_ps(dot[i][j]))),
+                                          _mm512_mul_ps(offset, _mm512_set1_ps(xsum[j * G + g])));
+        }
+    }
+    #pragma GCC unroll 2
+    for (int i = 0; i < NB; i++) {
+        const int64_t n = (blk + i) * 16;
+        const __mmask16 keep = N - n >= 16 ? 0xFFFF : (__mmask16)((1u << (N - n)) - 1);
+        #pragma GCC unroll 4
+        for (int j = 0; j < MB; j++) _mm512_mask_storeu_ps(out + j * ldo + n, keep, acc[i][j]);
+    }
+}
+#define NB4 2   /* blocks of 16 outputs one pass reads */
+#else
+/* AVX2: each half vector (8 outputs) at a time; vpmaddubsw's pairs of code * x stay within 2 * 15 * 127 < 2^15 */
+static inline __attribute__((always_inline)) void tile4(const int8_t *xq, const float *xsum, int64_t K,
+        const uint8_t *w, const uint16_t *sz, int64_t blk, int64_t N, float *out, int64_t ldo, const int NB,
+        const int MB) {
+    const int64_t K8 = K / 8, G = K / G4;
+    const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    (void)NB;
+    for (int h = 0; h < 2; h++) {
+        const int64_t n = blk * 16 + h * 8;
+        if (n >= N) break;
+        __m256 acc[MB4];
+        #pragma GCC unroll 4
+        for (int j = 0; j < MB; j++) acc[j] = _mm256_setzero_ps();
+        for (int64_t g = 0; g < G; g++) {
+            __m256i dot[MB4];
+            #pragma GCC unroll 4
+            for (int j = 0; j < MB; j++) dot[j] = _mm256_setzero_si256();
+            #pragma GCC unroll 4
+            for (int p = g * (G4 / 8); p < (g + 1) * (G4 / 8); p++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(w + (blk * K8 + p) * 64 + h * 32));
+                const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                #pragma GCC unroll 4
+                for (int j = 0; j < MB; j++) {
+                    const int8_t *x = xq + j * K + 8 * p;
+                    const __m256i pairs = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(lo, _mm256_set1_epi32(*(const int32_t *)x)),
+                        _mm256_maddubs_epi16(hi, _mm256_set1_epi32(*(const int32_t *)(x + 4))));
+                    dot[j] = _mm256_add_epi32(dot[j], _mm256_madd_epi16(pairs, ones));
+                }
+            }
+            const uint16_t *s = sz + (blk * G + g) * 32 + h * 8;
+            const __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)s));
+            const __m256 offset = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 16)));
+            #pragma GCC unroll 4
+            for (int j = 0; j < MB; j++)
+                acc[j] = _mm256_sub_ps(_mm256_add_ps(acc[j], _mm256_mul_ps(scale, _mm256_cvtepi32_ps(dot[j]))),
+                                       _mm256_mul_ps(offset, _mm256_set1_ps(xsum[j * G + g])));
+        }
+        const __m256i keep = lanes(N - n);
+        #pragma GCC unroll 4
+        for (int j = 0; j < MB; j++) _mm256_maskstore_ps(out + j * ldo + n, keep, acc[j]);
+    }
+}
+#define NB4 1
+#endif
+#define TILE4(nb, mb) tile4(xq + m * K, xsum + m * G, K, w, sz, blk, N, out + m * ldo, ldo, nb, mb)
+static void blocks4(const int8_t *xq, const float *xsum, int64_t M, int64_t K, const uint8_t *w, const uint16_t *sz,
+                    int64_t b0, int64_t b1, int64_t N, float *out, int64_t ldo) {
+    const int64_t G = K / G4;
+    for (int64_t m = 0; m < M; m += MB4) {
+        int64_t blk = b0;
+        switch (M - m >= MB4 ? MB4 : (int)(M - m)) {
+            case 1: for (; blk + NB4 <= b1; blk += NB4) TILE4(NB4, 1); for (; blk < b1; blk++) TILE4(1, 1); break;
+            case 2: for (; blk + NB4 <= b1; blk += NB4) TILE4(NB4, 2); for (; blk < b1; blk++) TILE4(1, 2); break;
+            case 3: for (; blk + NB4 <= b1; blk += NB4) TILE4(NB4, 3); for (; blk < b1; blk++) TILE4(1, 3); break;
+            default: for (; blk + NB4 <= b1; blk += NB4) TILE4(NB4, 4); for (; blk < b1; blk++) TILE4(1, 4);
+        }
+    }
+}
+
+/* A draft's 4-bit Linear: y = x W.T (+ bias) as above, x [M][K] float32 with K a multiple of G4, out [M][N].
+   Returns 0, or -1 where its scratch (the rows' scales, group sums and codes) could not be had. */
+int int4_linear(const float *x, int64_t M, int64_t K, const uint8_t *w, const uint16_t *sz, int64_t N,
+                const float *bias, float *out, int threads) {
+    const int64_t G = K / G4;
+    float *xscale = malloc(M * sizeof(float) * (1 + G) + M * K);
+    if (!xscale) return -1;
+    float *xsum = xscale + M;
+    int8_t *xq = (int8_t *)(xsum + M * G);
+    for (int64_t m = 0; m < M; m++) {
+        const float *row = x + m * K, scale = row_scale(row, K);
+        xscale[m] = scale;
+        for (int64_t g = 0; g < G; g++) {
+            int32_t sum = 0;
+            for (int64_t k = g * G4; k < (g + 1) * G4; k++) {
+                const float v = code_of(row[k], scale);
+                xq[m * K + k] = (int8_t)v;
+                sum += (int32_t)v;
+            }
+            xsum[m * G + g] = (float)sum;
+        }
+    }
+    const int64_t blocks = (N + 15) / 16, chunk = 4;
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t b0 = 0; b0 < blocks; b0 += chunk)
+        blocks4(xq, xsum, M, K, w, sz, b0, b0 + chunk < blocks ? b0 + chunk : blocks, N, out, N);
+    for (int64_t m = 0; m < M; m++) {
+        float *y = out + m * N;
+        const float s = xscale[m];
+        if (bias) for (int64_t n = 0; n < N; n++) y[n] = y[n] * s + bias[n];
+        else for (int64_t n = 0; n < N; n++) y[n] = y[n] * s;
+    }
+    free(xscale);
+    return 0;
+}
+
 #if defined(__AMX_INT8__) && defined(__AMX_TILE__)
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -238,18 +406,10 @@ int int8_linear(const float *x, int64_t M, int64_t K, int64_t rows, int64_t Kp, 
     if (!xscale) return -1;
     uint8_t *xu = (uint8_t *)(xscale + M);
     for (int64_t m = 0; m < M; m++) {
-        const float *row = x + m * K;
-        float amax = 0.0f;
-        for (int64_t k = 0; k < K; k++) amax = fmaxf(amax, fabsf(row[k]));
-        float scale = amax / 127.0f;
-        if (!(scale >= FLT_MIN)) scale = scale != scale ? scale : FLT_MIN;
+        const float *row = x + m * K, scale = row_scale(row, K);
         xscale[m] = scale;
         uint8_t *q = xu + m * Kp;
-        for (int64_t k = 0; k < K; k++) {
-            float v = nearbyintf(row[k] / scale);
-            v = v < -127.0f ? -127.0f : v > 127.0f ? 127.0f : v;
-            q[k] = (uint8_t)(int32_t)(v + 128.0f);
-        }
+        for (int64_t k = 0; k < K; k++) q[k] = (uint8_t)(int32_t)(code_of(row[k], scale) + 128.0f);
         for (int64_t k = K; k < Kp; k++) q[k] = 128;
     }
     memset(xu + M * Kp, 128, (rows - M) * Kp);  /* rows padding a tile: zeros (x + 128), their sums unread */

@@ -27,7 +27,7 @@ import torch
 from safetensors import SafetensorError
 
 from specdec.drafters import Vocabulary, from_spec
-from specdec.models import aligned, cache, convert, entries, formats, gguf_read, hub, quant, quant_store
+from specdec.models import aligned, cache, convert, entries, formats, gguf_read, hub, quant, quant4, quant_store
 from specdec.models.cache import Progress
 from specdec.models.speed import apply_speed_levers
 
@@ -127,7 +127,8 @@ def load_model(spec: str, *, dtype="auto", device: str = "auto", trust_remote_co
     "int4" (or quant="int4") the 4-bit one (`specdec.models.quant4`), each built straight from the GGUF of a
     catalogue package or a .gguf file (no float32 copy), else quantized from the float32 folder, stored once and
     read back by later loads (`specdec.models.quant_store`); "int8-dynamic": those int8 weights run by fbgemm's
-    dynamic quantization (`quant.couple_rows`, a draft's form).
+    dynamic quantization (`quant.couple_rows`, a draft's form); "int4-dynamic": the 4-bit ones on specdec's compiled
+    product, rows quantized on the fly (`quant4.dynamic_rows`, a draft's form).
     """
     if quant not in QUANTS:
         raise ValueError(f"quant must be one of {', '.join(QUANTS)}, got {quant!r}")
@@ -150,14 +151,16 @@ def load_model(spec: str, *, dtype="auto", device: str = "auto", trust_remote_co
 
 
 def _load_quantized(spec, dtype, trust_remote_code, progress) -> LoadedModel:
-    """The int8 or int4 model of `spec` in `dtype` ("int8", "int4", or "int8-dynamic": the int8 weights run by
-    fbgemm's dynamic quantization)."""
+    """The int8 or int4 model of `spec` in `dtype` ("int8", "int4", or a draft's form of them: "int8-dynamic", the
+    int8 weights run by fbgemm's dynamic quantization, "int4-dynamic" the 4-bit ones on the compiled product)."""
     start = time.perf_counter()
     # int8-dynamic: coupled from the weights as read, with no row-invariant packed copy made first
     with quant.weights_kept(packed=False) if dtype == "int8-dynamic" else contextlib.nullcontext():
         name, path, source, made = _quantized(spec.strip(), dtype, trust_remote_code, progress)
         if dtype == "int8-dynamic":
             quant.couple_rows(made.model)
+        elif dtype == "int4-dynamic":
+            quant4.dynamic_rows(made.model)
     quant.release_weights(made.model)
     quant_store.settle(made)
     return LoadedModel(name, made.model, made.tokenizer, source, path, dtype, "cpu", time.perf_counter() - start)
@@ -165,10 +168,10 @@ def _load_quantized(spec, dtype, trust_remote_code, progress) -> LoadedModel:
 
 def _quantized(spec: str, dtype: str, trust_remote_code: bool,
                progress: Progress | None) -> tuple[str, Path, str, quant_store.Quantized]:
-    """(name, path, source, quantized model) of `spec` in int4 (`dtype` "int4") or int8 (the others): from its
+    """(name, path, source, quantized model) of `spec` in int4 (`dtype` "int4", "int4-dynamic") or int8: from its
     store, else made from its GGUF (a catalogue package here, a .gguf file; `quant_store.load_gguf`, no float32
     copy) or quantized from its float32 folder (any other spec), and stored."""
-    form = quant_store.INT4 if dtype == "int4" else quant_store.INT8
+    form = quant_store.INT4 if dtype in ("int4", "int4-dynamic") else quant_store.INT8
     entry, path = entries.find(spec), Path(spec).expanduser()
     if package := _package(entry):
         name, path, source = entry.name, cache.gguf_path(package.gguf), "package"

@@ -44,6 +44,7 @@ FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-f
 # multiply-adds (a Linear's float operations are torch's, one rounding each); OpenMP is torch's own
 ROWS_AT_ONCE = 8  # rows the AVX-512 path reads each weight vector for (MB_MAX in the source; tiles come only with it)
 TILE_ROWS = 16  # an AMX tile's rows: the rows of a product on tiles are padded to a multiple of this
+GROUP_4 = 32  # inputs per scale and offset of a 4-bit weight (G4 in the source)
 K_ALIGN = 64  # the input width is padded to a multiple of this (an AMX tile row: 64 bytes)
 N_ALIGN = 16  # outputs per packed block
 PROFILED_AS = "specdec::int8_product"  # the product's name in a torch.profiler trace (specdec.lab.breakdown)
@@ -51,6 +52,15 @@ NOTHING = contextlib.nullcontext()
 TILE_PROBE = (8192, 1536)  # the weight shape [N, K] the tiles' row count is timed on ...
 TILE_PROBE_COPIES = 32  # ... in this many copies (400 MB), read one after another from memory, as a forward reads
 TILE_PROBE_REPEATS = 3  # timings per path and row count, interleaved; medians compared
+
+
+class Packed4(NamedTuple):
+    """A 4-bit weight [N, K] (code * scale - offset per group of GROUP_4 inputs) packed for the kernel's int4_linear."""
+
+    blocks: torch.Tensor  # [N'/16, K/8, 16, 4] uint8: code[8p + t] | code[8p + 4 + t] << 4; N padded with zeros to N'
+    scales: torch.Tensor  # [N'/16, K/GROUP_4, 2, 16] float16: a block and group's 16 scales, then its 16 offsets
+    out_features: int  # N
+    in_features: int  # K
 
 
 class Packed(NamedTuple):
@@ -91,6 +101,9 @@ def library() -> ctypes.CDLL | None:
                                 ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                                 ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     lib.int8_linear.restype = ctypes.c_int
+    lib.int4_linear.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                                ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    lib.int4_linear.restype = ctypes.c_int
     return lib
 
 
@@ -214,3 +227,32 @@ def linear(x: torch.Tensor, packed: Packed, weight_scale: torch.Tensor, bias: to
     if failed:
         raise MemoryError("no memory for an int8 product's rows")
     return out if padded == m else out[:m]
+
+
+def pack4(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> Packed4:
+    """The kernel's layout of a 4-bit weight: codes [N, K] uint8 in 0..15 (K a multiple of GROUP_4), scale and
+    offset [N, K / GROUP_4] (weight = code * scale - offset, rounded to float16 here); RuntimeError where the kernel
+    cannot be built here."""
+    if library() is None:
+        raise RuntimeError("the integer kernels are not built here (no C compiler, or a CPU without AVX2)")
+    n, k = codes.shape
+    pad = -n % N_ALIGN
+    pairs = F.pad(codes, (0, 0, 0, pad)).view((n + pad) // N_ALIGN, N_ALIGN, k // 8, 2, 4)  # [N'/16, 16, K/8, 2, 4]
+    blocks = (pairs[:, :, :, 0] | (pairs[:, :, :, 1] << 4)).permute(0, 2, 1, 3)  # [N'/16, K/8, 16, 4]
+    per_block = [F.pad(t.float(), (0, 0, 0, pad)).view(-1, N_ALIGN, k // GROUP_4).transpose(1, 2) for t in (scale, offset)]
+    return Packed4(blocks.contiguous(), torch.stack(per_block, dim=2).to(torch.float16).contiguous(), n, k)
+
+
+def linear4(x: torch.Tensor, packed: Packed4, bias: torch.Tensor | None) -> torch.Tensor:
+    """float32 rows x [M, K] times a 4-bit weight (+ bias) in one call: each row quantized to int8 alone, each group's
+    sums exact, scaled in float32 (the source's int4_linear). Returns [M, N] float32."""
+    x = x.contiguous()
+    out = torch.empty(x.shape[0], packed.out_features)
+    with _profiled():
+        failed = library().int4_linear(x.data_ptr(), x.shape[0], x.shape[1], packed.blocks.data_ptr(),
+                                       packed.scales.data_ptr(), packed.out_features,
+                                       None if bias is None else bias.data_ptr(), out.data_ptr(),
+                                       torch.get_num_threads())
+    if failed:
+        raise MemoryError("no memory for a 4-bit product's rows")
+    return out

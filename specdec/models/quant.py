@@ -411,6 +411,7 @@ class Int8Linear(torch.nn.Module):
     either way.
     """
 
+    direct = True  # `int8_forward` may call its forward without a module call around it
     weight: torch.Tensor  # [out, in] int8 (a buffer: `.weight.shape` still reads as a Linear's; meta when packed)
     weight_scale: torch.Tensor  # [out] float32: W ≈ weight * weight_scale[:, None]
     bias: torch.Tensor | None  # [out] float32
@@ -614,23 +615,13 @@ def stored_embedding(state: dict[str, torch.Tensor], name: str) -> Int8Embedding
     return Int8Embedding(state[f"{name}.weight"], state[f"{name}.weight_scale"])
 
 
-class SharedInputInt8(Int8Linear):
-    """Linears that read the same input (q/k/v, gate/up) as one Int8Linear: one quantization, one GEMM.
+class SharedInput:
+    """A layer read by several slices of its output columns (`Int8Slice`), each former Linear of one input: the first
+    slice called with an input computes all columns; the others, called with that same tensor object, take theirs."""
 
-    Each former Linear becomes an `Int8Slice` of its output columns. The first slice called with an input
-    computes all columns; the others, called with that same tensor object, take their columns of it. Rows are
-    quantized with the same scale either way and the sums are exact, so the bits are those of separate layers.
-    """
+    members: int  # the slices reading this layer (each counts itself in)
 
-    members: int  # the Int8Slices reading this layer (each counts itself in)
-
-    def __init__(self, modules: list[torch.nn.Module]):
-        weights = [m.weight.t() if isinstance(m, Conv1D) else m.weight for m in modules]
-        has_bias = modules[0].bias is not None
-        super().__init__(torch.cat(weights), torch.cat([m.bias for m in modules]) if has_bias else None)
-
-    def _hold(self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None) -> None:
-        super()._hold(weight, weight_scale, bias)
+    def share(self) -> None:
         self.members, self.last_input, self.last_output, self.unread = 0, None, None, 0
 
     def output_for(self, x: torch.Tensor) -> torch.Tensor:
@@ -643,10 +634,28 @@ class SharedInputInt8(Int8Linear):
         return output
 
 
-class Int8Slice(torch.nn.Module):
-    """Columns start:end of a SharedInputInt8's output: what one of the Linears it replaced computed."""
+class SharedInputInt8(SharedInput, Int8Linear):
+    """Linears that read the same input (q/k/v, gate/up) as one Int8Linear: one quantization, one GEMM.
 
-    def __init__(self, shared: SharedInputInt8, start: int, end: int):
+    Each former Linear becomes an `Int8Slice` of its output columns. Rows are quantized with the same scale either
+    way and the sums are exact, so the bits are those of separate layers.
+    """
+
+    def __init__(self, modules: list[torch.nn.Module]):
+        weights = [m.weight.t() if isinstance(m, Conv1D) else m.weight for m in modules]
+        has_bias = modules[0].bias is not None
+        super().__init__(torch.cat(weights), torch.cat([m.bias for m in modules]) if has_bias else None)
+
+    def _hold(self, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super()._hold(weight, weight_scale, bias)
+        self.share()
+
+
+class Int8Slice(torch.nn.Module):
+    """Columns start:end of a SharedInput layer's output (a SharedInputInt8's, or a 4-bit draft's): what one of the
+    Linears it replaced computed."""
+
+    def __init__(self, shared: SharedInput, start: int, end: int):
         super().__init__()
         self.shared = [shared]  # a list: the shared layer is registered once, on the parent module
         shared.members += 1
@@ -661,7 +670,7 @@ class Int8Slice(torch.nn.Module):
         return self.shared[0].output_for(x)[..., self.start:self.end]
 
     def extra_repr(self) -> str:
-        return f"columns {self.start}:{self.end} of a shared-input int8 layer"
+        return f"columns {self.start}:{self.end} of a shared-input layer"
 
 
 SHARED_INPUTS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # sibling Linears fed one tensor

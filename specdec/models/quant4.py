@@ -18,6 +18,12 @@ lossless only if the verification forward over n tokens gives, row for row, the 
   looked-up row dequantized alone (an `Int8Embedding` of its own where its width is not whole groups).
 - Attention is quant.py's `rowwise_attention`; norms, rotary, activations and residual adds are row-invariant.
 
+A draft may run the same 4-bit weights faster where rows need not be bitwise one-token steps (a draft's precision
+never changes the output): `dynamic_rows(model)` makes the int4 model the int4-dynamic draft, every Linear but the
+head an `Int4DynamicLinear` on specdec's compiled product (`native.linear4`: each row quantized to int8 on the fly,
+exact integer sums per group, no bf16 rounding), q/k/v and gate/up each one layer, run by the model's own forward
+(`specdec.models.int8_forward`).
+
 Two ways in: `quantize_int4(model)` quantizes a float32 model (min/max per group), and `int4_from_gguf(path)`
 builds the model from a GGUF one tensor at a time without a float32 copy: a q4_K tensor's codes are taken as
 they are (its sub-blocks of 32 are the groups; only scale and zero are rounded to bf16), other types of
@@ -27,6 +33,7 @@ q6_K, q8_0 and float tensors become Int8Linear. `int4_from_state` rebuilds a sto
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Callable, NamedTuple
 
@@ -34,10 +41,10 @@ import gguf
 import numpy as np
 import torch
 
-from specdec.models import gguf_read, quant
+from specdec.models import gguf_read, int8_forward, native, quant
 from specdec.models.gguf_dequant import dequantize_groups, q4_k_groups
 from specdec.models.gguf_read import GGUFWeights, module_name
-from specdec.models.quant import Int8Linear
+from specdec.models.quant import Int8Linear, Int8Slice, SharedInput
 
 GROUP_SIZE = 32  # inputs per scale and zero: q4_K's sub-block (the kernel takes 32..256 at one speed here)
 CODE_MAX = 15  # codes 0..15; the kernel reads them as code - 8
@@ -132,6 +139,87 @@ class Int4Linear(torch.nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, "
                 f"bias={self.bias is not None}")
+
+
+class Int4DynamicLinear(SharedInput, torch.nn.Module):
+    """A draft's 4-bit Linear on specdec's compiled product: the weight's groups as they are (code * scale - offset,
+    scale and offset rounded to float16), each row of x quantized to int8 alone, exact integer sums per group
+    (`native.linear4`). Rows never meet, but the bits are not the row-invariant Int4Linear's (whose rows are bf16):
+    a draft's form. Several Linears of one input may share it (`Int8Slice`)."""
+
+    direct = True  # `int8_forward` may call its forward without a module call around it
+
+    def __init__(self, groups: Int4Groups, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.packed = native.pack4(*groups)
+        self.out_features, self.in_features = groups.codes.shape
+        self.weight = torch.empty(self.out_features, self.in_features, dtype=torch.uint8, device="meta")  # a shape
+        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+        self.share()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = native.linear4(x.reshape(-1, self.in_features).float(), self.packed, self.bias)  # [M, out]
+        return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def dynamic_rows(model: torch.nn.Module) -> torch.nn.Module:
+    """Turn an int4 model (`quantize_int4`, `int4_from_gguf`, `int4_from_state`) into the int4-dynamic draft, in
+    place: its 4-bit layers' groups, and its int8 layers but the head requantized to 4-bit groups, as
+    Int4DynamicLinear (q/k/v and gate/up each one, read through Int8Slices), attention SDPA, marked to run its own
+    forward. A draft's form, never a target's (see Int4DynamicLinear). RuntimeError where the kernel is not built."""
+    head = model.get_output_embeddings()
+    for parent in list(model.modules()):
+        for names in quant.SHARED_INPUTS:
+            modules = [getattr(parent, name, None) for name in names]
+            if all(_fits_dynamic(m, head) for m in modules) and len({m.bias is None for m in modules}) == 1:
+                parts = [_groups_of(m) for m in modules]
+                bias = None if modules[0].bias is None else torch.cat([m.bias for m in modules])
+                shared = Int4DynamicLinear(Int4Groups(*(torch.cat(p) for p in zip(*parts))), bias)
+                parent.add_module("_".join(names) + "_int4", shared)
+                start = 0
+                for name, module in zip(names, modules):
+                    setattr(parent, name, Int8Slice(shared, start, start + module.out_features))
+                    start += module.out_features
+        for name, module in list(parent.named_children()):
+            if _fits_dynamic(module, head):
+                setattr(parent, name, Int4DynamicLinear(_groups_of(module), module.bias))
+    return quant._attending(model, "sdpa", int8_forward.sdpa_attention)
+
+
+def _fits_dynamic(module, head) -> bool:
+    """Whether `module` becomes an Int4DynamicLinear: a 4-bit or int8 Linear (not the head) of whole groups."""
+    return isinstance(module, (Int4Linear, Int8Linear)) and module is not head and fits_int4(
+        module.out_features, module.in_features)
+
+
+def _groups_of(layer: torch.nn.Module) -> Int4Groups:
+    """An Int4Linear's groups as they are (unpacked from the kernel's layout), or an Int8Linear's weight requantized."""
+    if isinstance(layer, Int8Linear):
+        return groups_from_float(layer.int8_weight().float() * layer.weight_scale[:, None])
+    packed = layer.packed.flatten()
+    nibbles = torch.stack([packed & 0x0F, packed >> 4], dim=-1).flatten()  # byte * 2 + high: each code
+    codes = nibbles[_packed_order(layer.out_features, layer.in_features)]  # [out * in]
+    scale, zero = layer.scales_and_zeros.float().transpose(0, 1).unbind(-1)  # [out, in / G] each
+    return Int4Groups(codes.view(layer.out_features, -1), scale, CODE_OFFSET * scale - zero)
+
+
+@functools.cache
+def _packed_order(rows: int, cols: int) -> torch.Tensor:
+    """For codes [rows, cols] packed by torch's int4 CPU layout: index [rows * cols] into the packed bytes' nibbles
+    (byte * 2 + high) of each code, found by packing codes that spell out their own position, 4 bits at a time."""
+    position = torch.arange(rows * cols, dtype=torch.int64)
+    source = torch.zeros(rows * cols, dtype=torch.int64)  # the position whose code each nibble holds
+    for shift in range(0, max(position[-1].item(), 1).bit_length(), 4):
+        codes = ((position >> shift) & 0x0F).view(rows, cols).to(torch.int32)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, INNER_K_TILES).flatten().long()
+        nibbles = torch.stack([packed & 0x0F, packed >> 4], dim=-1).flatten()
+        source |= nibbles << shift
+    order = torch.empty_like(source)
+    order[source] = torch.arange(rows * cols)
+    return order
 
 
 class Int4Embedding(torch.nn.Module):
