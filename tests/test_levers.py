@@ -10,7 +10,7 @@ from specdec.core import kv
 from specdec.core.kv import CachedLM
 from specdec.lab import breakdown, levers
 from specdec.lab.levers import PreallocatedCache, PreallocatedLayer, compare_levers, preallocated_cache
-from specdec.models import apply_speed_levers, native, quant
+from specdec.models import apply_speed_levers, formats, native, quant
 from specdec.models.quant import quantize_int8
 from specdec.testing import perturbed_copy, tiny_model
 
@@ -127,14 +127,19 @@ def test_profile_prints_the_lever_table_and_the_breakdown(paths, capsys):
     assert "memory floor: a one-token step reads" in out and "tokens/s for this target in this format" in out
 
 
-@pytest.mark.parametrize("quant", [None, "int8"])
+@pytest.mark.parametrize("quant", [None, "int8", "int4-dynamic"])
 def test_weight_bytes_count_each_linear_once_in_its_stored_format(quant):
     model = tiny_model("qwen2", seed=0)
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     expected = sum(m.weight.numel() * 4 for m in linears)  # float32: 4 bytes a weight
-    if quant:
+    if quant == "int8":
         expected = sum(m.weight.numel() + 4 * m.out_features for m in linears)  # int8 + a float32 scale a row
         quantize_int8(model)
+    elif quant:  # half a byte a weight and two float16 a group of 32, the head int8 + a float32 scale a row
+        head = model.get_output_embeddings()
+        expected = sum(m.weight.numel() // 2 + 4 * m.weight.numel() // 32 for m in linears if m is not head)
+        expected += head.weight.numel() + 4 * head.out_features
+        formats.to_format(model, quant)
     assert breakdown.weight_bytes_per_step(model) == expected
 
 

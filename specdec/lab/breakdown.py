@@ -39,7 +39,7 @@ from specdec.core.kv import CachedLM
 from specdec.core.timing import time_median, warm_up
 from specdec.models import native
 from specdec.models.quant import Int8Linear, Int8Slice
-from specdec.models.quant4 import Int4Linear
+from specdec.models.quant4 import Int4DynamicLinear, Int4Linear
 
 GROUPS = ("GEMM", "linear overhead", "attention", "norms/rotary/elementwise", "cache ops", "other")
 LABEL = "specdec:"  # prefix of the record_function ranges this module opens
@@ -148,12 +148,14 @@ def _enter(ranges: list, label: str) -> None:
 
 def weight_bytes_per_step(model: torch.nn.Module) -> int:
     """Bytes of weights one one-token forward reads: every linear layer (int8: a byte per weight plus a float32
-    scale per output row; int4: its packed codes and bf16 scales and zeros; else the weight's own dtype);
-    embeddings excluded (a token reads one row)."""
+    scale per output row; int4: its packed codes and bf16 scales and zeros; int4-dynamic: its packed codes and
+    float16 scales and offsets; else the weight's own dtype); embeddings excluded (a token reads one row)."""
     total = 0
     for module in model.modules():
         if isinstance(module, Int4Linear):
             total += module.packed.numel() * module.packed.element_size() + 2 * module.scales_and_zeros.numel()
+        elif isinstance(module, Int4DynamicLinear):
+            total += module.packed.blocks.numel() + 2 * module.packed.scales.numel()
         elif isinstance(module, Int8Linear):
             total += module.weight.numel() + 4 * module.out_features
         elif isinstance(module, (torch.nn.Linear, Conv1D)):
