@@ -128,20 +128,22 @@ def mappings_of(path: Path) -> list[tuple[int, int, str]]:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
-@pytest.mark.parametrize("tied", [False, True])
-@pytest.mark.parametrize("dtype", ["int8", "int8-dynamic"])
+@pytest.mark.parametrize("dtype, tied", [("int8", False), ("int8", True), ("int8-dynamic", False),
+                                         ("int8-dynamic", True), ("int4-dynamic", True)])  # int4 untied: 4-bit rows
 def test_a_quantized_model_keeps_no_view_of_its_store_file_but_its_lookup_rows_privately_mapped(tmp_path, monkeypatch,
                                                                                                  tied, dtype):
     """The store's tensors are views of one mapping of its file: kept, the weights packed away would stay resident
-    (a draft's coupled layers held their biases so). Only the tables that lookups read (the embedding's rows, the
-    head's kept int8 rows) come from the file, through one private mapping, made or read alike, gone with the model."""
+    (a draft's coupled layers held their biases so, the int4-dynamic draft its 4-bit layers). Only the tables that
+    lookups read (the embedding's rows, the head's kept int8 rows) come from the file, through one private mapping,
+    made or read alike, gone with the model."""
     source = folder(tmp_path / "model", tied)  # qwen2: q/k/v biases
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    store = "int4" if dtype == "int4-dynamic" else "int8"
     reference = None
     for made in (True, False):
         loaded = load_model(str(source), dtype=dtype)
         weights = next((tmp_path / "cache").rglob("model.safetensors")).resolve()
-        assert loaded.dtype == dtype and (loaded.source == "cache (int8)") is not made
+        assert loaded.dtype == dtype and (loaded.source == f"cache ({store})") is not made
         gc.collect()
         (start, end, permissions), = mappings_of(weights)
         assert permissions.endswith("p")  # private: a write would never reach the file

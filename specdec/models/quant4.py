@@ -186,6 +186,7 @@ def dynamic_rows(model: torch.nn.Module) -> torch.nn.Module:
         for name, module in list(parent.named_children()):
             if _fits_dynamic(module, head):
                 setattr(parent, name, Int4DynamicLinear(_groups_of(module), module.bias))
+    _packed_order.cache_clear()  # an index per shape, needed while unpacking only
     return quant._attending(model, "sdpa", int8_forward.sdpa_attention)
 
 
