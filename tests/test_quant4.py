@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 
 from specdec import autoregressive_generate, speculative_generate
 from specdec.core.kv import CachedLM
-from specdec.models import cache, formats, gguf_read, load_draft, load_model, quant, quant4, quant_store
+from specdec.models import cache, formats, gguf_read, load_draft, load_model, native, quant, quant4, quant_store
 from specdec.models.gguf_dequant import dequantize_groups
 from specdec.models.quant import ROWWISE_ATTENTION, Int8Embedding, Int8Linear
 from specdec.models.quant4 import GROUP_SIZE, Int4Embedding, Int4Linear, quantize_int4
@@ -234,6 +234,11 @@ def test_a_folder_loads_as_int4_then_from_its_store_bit_for_bit(tmp_path, monkey
         load_model(str(folder), quant="int4", dtype="bfloat16")
     with pytest.raises(ValueError, match="CPU only"):
         load_model(str(folder), dtype="int4", device="cuda")
+    with monkeypatch.context() as patch:  # where the compiled product cannot be built: one line, before any load
+        patch.setattr(native, "library", lambda: None)
+        assert "int4-dynamic" not in formats.candidates("cpu", "draft")
+        with pytest.raises(ValueError, match="cannot be built here"):
+            load_draft(str(folder), stored, dtype="int4-dynamic")
 
 
 @pytest.mark.parametrize("module, name, value, reason", [

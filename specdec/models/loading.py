@@ -88,6 +88,9 @@ def resolve_dtype(dtype="auto", device: str = "cpu", spec: str | None = None, ro
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if dtype in formats.CPU_ONLY and device != "cpu":
         raise ValueError(f"{dtype} runs on the CPU only (device {device})")
+    if dtype not in formats.candidates(device, "draft"):  # every format with kernels here
+        raise ValueError(f"{dtype} runs on specdec's compiled product, which cannot be built here (no C compiler, or "
+                         "a CPU without AVX2): use auto, int8 or int4")
     return dtype
 
 
