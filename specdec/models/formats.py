@@ -296,8 +296,9 @@ def format_of(model: torch.nn.Module) -> str:
     """The weight format a model runs in, read off its layers (one of FORMATS; another float dtype by its name):
     int4-dynamic where a layer is a 4-bit draft's, int4 where a layer is 4-bit, int8-dynamic where its int8 layers
     run fbgemm's coupled rows, int8, else the dtype of its parameters."""
-    layers = [m for m in model.modules() if isinstance(m, (quant.Int8Linear, quant4.Int4Linear))]
-    if any(isinstance(m, quant4.Int4DynamicLinear) for m in model.modules()):
+    layers = [m for m in model.modules()
+              if isinstance(m, (quant.Int8Linear, quant4.Int4Linear, quant4.Int4DynamicLinear))]
+    if any(isinstance(m, quant4.Int4DynamicLinear) for m in layers):
         return "int4-dynamic"
     if any(isinstance(m, quant4.Int4Linear) for m in layers):
         return "int4"
@@ -314,14 +315,14 @@ def _dtype(format_: str) -> torch.dtype:
 
 def to_format(model: torch.nn.Module, format_: str) -> torch.nn.Module:
     """`model` (float32 or bfloat16 as loaded) in `format_`, with the load-time speed levers; in place."""
-    if format_ in ("int8", "int8-dynamic"):
+    source, derive = DERIVED.get(format_, (format_, None))
+    if source == "int8":
         quant.quantize_int8(model.float())
-        return quant.couple_rows(model) if format_ == "int8-dynamic" else model
-    if format_ in ("int4", "int4-dynamic"):
+    elif source == "int4":
         quant4.quantize_int4(model.float())
-        return quant4.dynamic_rows(model) if format_ == "int4-dynamic" else model
-    apply_speed_levers(model)
-    return model
+    else:
+        apply_speed_levers(model)
+    return derive(model) if derive is not None else model
 
 
 def _key(config, formats, device: str) -> str:

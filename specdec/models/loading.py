@@ -27,7 +27,7 @@ import torch
 from safetensors import SafetensorError
 
 from specdec.drafters import Vocabulary, from_spec
-from specdec.models import aligned, cache, convert, entries, formats, gguf_read, hub, quant, quant4, quant_store
+from specdec.models import aligned, cache, convert, entries, formats, gguf_read, hub, quant, quant_store
 from specdec.models.cache import Progress
 from specdec.models.speed import apply_speed_levers
 
@@ -160,10 +160,9 @@ def _load_quantized(spec, dtype, trust_remote_code, progress) -> LoadedModel:
     # int8-dynamic: coupled from the weights as read, with no row-invariant packed copy made first
     with quant.weights_kept(packed=False) if dtype == "int8-dynamic" else contextlib.nullcontext():
         name, path, source, made = _quantized(spec.strip(), dtype, trust_remote_code, progress)
-        if dtype == "int8-dynamic":
-            quant.couple_rows(made.model)
-        elif dtype == "int4-dynamic":
-            quant4.dynamic_rows(made.model)
+        _, derive = formats.DERIVED.get(dtype, (dtype, None))
+        if derive is not None:  # a draft's form of the stored model
+            derive(made.model)
     quant.release_weights(made.model)
     quant_store.settle(made)
     return LoadedModel(name, made.model, made.tokenizer, source, path, dtype, "cpu", time.perf_counter() - start)
@@ -174,7 +173,8 @@ def _quantized(spec: str, dtype: str, trust_remote_code: bool,
     """(name, path, source, quantized model) of `spec` in int4 (`dtype` "int4", "int4-dynamic") or int8: from its
     store, else made from its GGUF (a catalogue package here, a .gguf file; `quant_store.load_gguf`, no float32
     copy) or quantized from its float32 folder (any other spec), and stored."""
-    form = quant_store.INT4 if dtype in ("int4", "int4-dynamic") else quant_store.INT8
+    stored, _ = formats.DERIVED.get(dtype, (dtype, None))  # a draft's form is made from its source's store
+    form = quant_store.INT4 if stored == "int4" else quant_store.INT8
     entry, path = entries.find(spec), Path(spec).expanduser()
     if package := _package(entry):
         name, path, source = entry.name, cache.gguf_path(package.gguf), "package"

@@ -803,18 +803,20 @@ def _int8_layers(model: torch.nn.Module, layer, share_inputs: bool = True) -> to
     return _attending(model, ROWWISE_ATTENTION, rowwise_attention)
 
 
-def _share_inputs(model: torch.nn.Module, layer) -> None:
-    """Replace each group of SHARED_INPUTS Linears (same input width, all or none with a bias) by Int8Slices of
-    one `layer(name, modules)`, registered on their parent as q_proj_k_proj_v_proj_int8 (gate_proj_up_proj_int8)."""
+def _share_inputs(model: torch.nn.Module, layer, takes=lambda m: isinstance(m, torch.nn.Linear),
+                  suffix: str = "_int8") -> None:
+    """Replace each group of SHARED_INPUTS layers that `takes` (same input width, all or none with a bias; torch
+    Linears by default) by Int8Slices of one `layer(name, modules)`, registered on their parent as
+    q_proj_k_proj_v_proj`suffix` (gate_proj_up_proj`suffix`)."""
     parents = [name for name, module in model.named_modules() if any(hasattr(module, n[0]) for n in SHARED_INPUTS)]
     for parent_name in parents:  # names, not modules: replaced weights are freed as we go
         parent = model.get_submodule(parent_name)
         for names in SHARED_INPUTS:
             modules = [getattr(parent, name, None) for name in names]
-            if not all(isinstance(m, torch.nn.Linear) for m in modules) \
+            if not all(takes(m) for m in modules) \
                     or len({m.in_features for m in modules}) > 1 or len({m.bias is None for m in modules}) > 1:
                 continue
-            child = "_".join(names) + "_int8"
+            child = "_".join(names) + suffix
             shared = layer(f"{parent_name}.{child}" if parent_name else child, modules)
             parent.add_module(child, shared)
             start = 0

@@ -44,7 +44,7 @@ import torch
 from specdec.models import gguf_read, int8_forward, native, quant
 from specdec.models.gguf_dequant import dequantize_groups, q4_k_groups
 from specdec.models.gguf_read import GGUFWeights, module_name
-from specdec.models.quant import Int8Linear, Int8Slice, SharedInput
+from specdec.models.quant import Int8Linear, SharedInput
 
 GROUP_SIZE = 32  # inputs per scale and zero: q4_K's sub-block (the kernel takes 32..256 at one speed here)
 CODE_MAX = 15  # codes 0..15; the kernel reads them as code - 8
@@ -171,18 +171,14 @@ def dynamic_rows(model: torch.nn.Module) -> torch.nn.Module:
     Int4DynamicLinear (q/k/v and gate/up each one, read through Int8Slices), attention SDPA, marked to run its own
     forward. A draft's form, never a target's (see Int4DynamicLinear). RuntimeError where the kernel is not built."""
     head = model.get_output_embeddings()
+
+    def shared(name: str, modules: list[torch.nn.Module]) -> Int4DynamicLinear:
+        parts = [_groups_of(m) for m in modules]
+        bias = None if modules[0].bias is None else torch.cat([m.bias for m in modules])
+        return Int4DynamicLinear(Int4Groups(*(torch.cat(p) for p in zip(*parts))), bias)
+
+    quant._share_inputs(model, shared, takes=lambda m: _fits_dynamic(m, head), suffix="_int4")
     for parent in list(model.modules()):
-        for names in quant.SHARED_INPUTS:
-            modules = [getattr(parent, name, None) for name in names]
-            if all(_fits_dynamic(m, head) for m in modules) and len({m.bias is None for m in modules}) == 1:
-                parts = [_groups_of(m) for m in modules]
-                bias = None if modules[0].bias is None else torch.cat([m.bias for m in modules])
-                shared = Int4DynamicLinear(Int4Groups(*(torch.cat(p) for p in zip(*parts))), bias)
-                parent.add_module("_".join(names) + "_int4", shared)
-                start = 0
-                for name, module in zip(names, modules):
-                    setattr(parent, name, Int8Slice(shared, start, start + module.out_features))
-                    start += module.out_features
         for name, module in list(parent.named_children()):
             if _fits_dynamic(module, head):
                 setattr(parent, name, Int4DynamicLinear(_groups_of(module), module.bias))
