@@ -40,6 +40,9 @@ class Recorder:
     def __init__(self, sleep_s: float = 0.0):
         self.sleep_s, self.prefilled = sleep_s, []
 
+    def reset(self):
+        pass
+
     def prefill(self, prompt_ids):
         self.prefilled.append(len(prompt_ids))
         time.sleep(self.sleep_s)

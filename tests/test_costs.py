@@ -93,6 +93,9 @@ class Wrapping:
     def model(self):
         return self.inner.model
 
+    def reset(self):
+        self.inner.reset()
+
     def prefill(self, prompt_ids):
         return self.inner.prefill(prompt_ids)
 

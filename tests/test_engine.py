@@ -4,7 +4,7 @@ import torch
 
 from specdec import autoregressive_generate, speculative_generate
 from specdec.core import theory
-from specdec.drafters import Drafter
+from specdec.drafters import Drafter, ModelDrafter
 from specdec.testing import ARCHITECTURES, perturbed_copy, tiny_model
 
 PROMPT = [1, 5, 9, 33, 17, 60, 4]
@@ -101,6 +101,17 @@ def test_each_model_is_fed_a_linear_number_of_tokens():
     assert draft_count["tokens"] <= len(prompt) + new + k * rounds
     # a quadratic loop would re-read the prompt every round
     assert target_count["tokens"] < len(prompt) * rounds
+
+
+def test_a_drafter_reused_across_requests_reads_each_prompt_from_an_empty_cache():
+    target = tiny_model("llama", seed=0)
+    drafter = ModelDrafter(perturbed_copy(target, noise=0.3))
+    prompt = list(range(3, 40))
+    runs = [speculative_generate(target, drafter, prompt, k=3, max_new_tokens=12, eos_token_id=[]) for _ in range(2)]
+    fed = drafter.tokens_fed
+    assert runs[0].token_ids == runs[1].token_ids
+    assert runs[0].stats.draft_forwards == runs[1].stats.draft_forwards  # this request's forwards, not a running total
+    assert fed >= len(prompt) - 1  # the second request read its whole prompt again: no prefix came free
 
 
 def test_stats_are_consistent(models):

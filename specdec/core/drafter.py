@@ -1,7 +1,9 @@
 """Drafters: anything that proposes tokens for the target to verify.
 
-The interface (a `typing.Protocol`, no base class needed) is two methods and what callers read:
+The interface (a `typing.Protocol`, no base class needed) is three methods and what callers read:
 
+- `reset()`: forget earlier generations (the engine calls it first, so every generation is timed as a fresh
+  request: a drafter reused across requests never reads a prompt's prefix for free, nor counts old forwards);
 - `prefill(prompt_ids)`: read the prompt ahead of the first round (may do nothing);
 - `propose(context_ids, n, policy) -> Proposal`: up to n tokens that continue `context_ids`;
 - `forwards`: draft model forwards so far, prefill included (0 for a model-free drafter; the stats count them);
@@ -74,6 +76,8 @@ class Drafter(Protocol):
     model: torch.nn.Module | None  # the causal LM it drafts with; None for a model-free drafter
     cost_key: str  # its kind and the settings its cost depends on (not its model: the calibration adds that)
 
+    def reset(self) -> None: ...
+
     def prefill(self, prompt_ids: list[int]) -> float: ...
 
     def propose(self, context_ids: list[int], n: int, policy: SamplingPolicy) -> Proposal: ...
@@ -85,6 +89,9 @@ class NoDraft:
     forwards = 0
     model = None
     cost_key = "none"
+
+    def reset(self) -> None:
+        pass
 
     def prefill(self, prompt_ids: list[int]) -> float:
         return 0.0
@@ -127,6 +134,9 @@ class ModelDrafter:
     @property
     def tokens_fed(self) -> int:
         return self.lm.tokens_fed
+
+    def reset(self) -> None:
+        self.lm.reset()
 
     def prefill(self, prompt_ids: list[int]) -> float:
         return self.lm.prefill(prompt_ids)

@@ -1,7 +1,8 @@
 """Speculative decoding and its honest baseline, on one set of cache machinery.
 
 Recipe of `speculative_generate` (Leviathan et al. 2023; Chen et al. 2023):
-1. prefill: both models read the prompt except its last token (in chunks, the request's `Budget` checked between);
+1. prefill: both models read the prompt except its last token, from empty caches (in chunks, the request's
+   `Budget` checked between);
 2. each round, the drafter proposes n <= k tokens that continue the context;
 3. the target reads the pending context tokens plus the n drafts in ONE forward and returns
    n+1 next-token distributions;
@@ -136,6 +137,7 @@ def _generate(target_model, drafter, input_ids, schedule, max_new_tokens, temper
     policy = _policy(target_model, temperature, top_p, seed, schedule.stop_below)
     eos = resolve_eos(target_model, eos_token_id)
     verifier = CachedLM(target_model)
+    drafter.reset()  # a drafter reused from an earlier request starts empty, as the verifier does
     start = clock(verifier.device)
     prefill_time = _prefill(drafter, prompt, budget) + _prefill(verifier, prompt, budget)
     emitted: list[int] = []

@@ -59,6 +59,10 @@ class CachedLM:
         self.model = model
         self.device = next(model.parameters()).device
         self.plan = _plan(model) if own_forward else None  # the model's own forward (DECODER_FLAG), or transformers'
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every token read: an empty cache and the counters at zero."""
         self.token_ids: list[int] = []  # the prefix whose keys/values are in `cache`
         self.cache = self._new_cache()
         self.tokens_fed = 0  # total tokens passed through the model (the linear-cost witness)

@@ -36,6 +36,10 @@ class HybridDrafter:
         """Its kind and its model drafter's key: c prices the model's forwards (lookup runs none)."""
         return f"HybridDrafter|{self.model_drafter.cost_key}"
 
+    def reset(self) -> None:
+        self.model_drafter.reset()
+        self.lookup.reset()
+
     def prefill(self, prompt_ids: list[int]) -> float:
         return self.model_drafter.prefill(prompt_ids)
 

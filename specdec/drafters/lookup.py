@@ -53,6 +53,9 @@ class PromptLookupDraft:
     def cost_key(self) -> str:
         return f"PromptLookupDraft|ngram={self.min_ngram}..{self.max_ngram}"
 
+    def reset(self) -> None:
+        pass  # it keeps nothing between rounds
+
     def prefill(self, prompt_ids: list[int]) -> float:
         return 0.0
 
