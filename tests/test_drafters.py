@@ -9,7 +9,7 @@ from specdec.models import LoadedModel
 from specdec.testing import perturbed_copy, tiny_model
 from test_sampling import TEMPERATURE, TOP_P, chi_square_p_value, draw_first_two, exact_law_of_two_tokens
 
-REPEATING = [5, 6, 7, 8, 9, 5, 6, 7, 10, 11, 5, 6]  # lookup finds continuations of [5, 6]
+REPEATING = [5, 6, 7, 8, 9, 5, 6, 7, 10, 11, 5, 6, 7]  # lookup finds continuations of [5, 6, 7]
 
 
 @pytest.fixture(scope="module")
@@ -24,10 +24,24 @@ def test_hybrid_proposes_from_lookup_when_it_can_and_from_the_model_otherwise(pa
     policy = SamplingPolicy(0.0, 1.0, torch.Generator(), 128)
     hybrid.prefill(REPEATING)
     copied = hybrid.propose(REPEATING, 3, policy)
-    assert copied.source == "lookup" and copied.token_ids == [7, 10, 11] and copied.forwards == 0
+    assert copied.source == "lookup" and copied.token_ids == [10, 11, 5] and copied.forwards == 0
     fresh = [20, 21, 22, 23]
     modelled = hybrid.propose(fresh, 3, policy)
     assert modelled.source == "model" and modelled.forwards == 3 and len(modelled.token_ids) == 3
+
+
+def test_hybrid_copies_only_where_the_model_has_just_missed(pair):
+    target, draft = pair
+    hybrid = HybridDrafter(ModelDrafter(draft))
+    policy = SamplingPolicy(0.0, 1.0, torch.Generator(), 128)
+    fresh = [20, 21, 22, 23]
+    drafted = hybrid.propose(fresh, 2, policy).token_ids
+    passed = fresh + drafted + [5, 6, 7, 8, 5, 6, 7]  # the model's proposal passed whole; then [5, 6, 7] repeats
+    assert hybrid.propose(passed, 3, policy).source == "model"  # on track: no copy, though lookup finds one
+    hybrid.propose(fresh, 2, policy)
+    missed = fresh + [(drafted[0] + 1) % 128] + [5, 6, 7, 8, 5, 6, 7]  # the model's first token was not the next one
+    copied = hybrid.propose(missed, 3, policy)
+    assert copied.source == "lookup" and copied.token_ids == [8, 5, 6]
 
 
 def test_hybrid_greedy_output_is_the_target_alone(pair):

@@ -40,7 +40,7 @@ class ModelHub:
         pairs = [(f"{name} · {entries[name].parameters} · {entries[name].status}", name)
                  for name in self.catalogue_names(role)]
         if role == "draft":
-            pairs += [(f"{name} · prompt lookup, else the model", name + HYBRID_SUFFIX)
+            pairs += [(f"{name} · prompt lookup where the model missed", name + HYBRID_SUFFIX)
                       for name in self.catalogue_names("draft") if "draft" in entries[name].roles]
             pairs += [(f"{name} · {'prompt lookup (no model)' if name == 'lookup' else 'first layers of the target'}",
                        name) for name in MODEL_DRAFTERS]
