@@ -173,6 +173,15 @@ def test_a_draft_vocabulary_file_is_a_custom_path(tmp_path):
     assert private.check(spec, "draft") == spec
 
 
+def test_the_live_tab_preselects_the_default_draft_behind_prompt_lookup_unless_the_host_names_one():
+    public = ModelHub(AppConfig.from_env({"GRADIO_SHARE": "true"}), pool=None)
+    assert public.default_drafter() == public.default("draft") + "+lookup"
+    assert [value for _, value in public.choices("draft")].count(public.default_drafter()) == 1  # one of the list
+    assert public.check(public.default_drafter(), "draft") == public.default_drafter()  # a locked host loads it
+    named = ModelHub(AppConfig.from_env({"GRADIO_SHARE": "true", "SPECDEC_DRAFT": "lookup"}), pool=None)
+    assert named.default_drafter() == "lookup"
+
+
 def test_limits_are_read_from_the_environment():
     config = AppConfig.from_env({"SPECDEC_MAX_PROMPT_CHARS": "99", "SPECDEC_QUEUE_SIZE": "3",
                                  "SPECDEC_TIME_LIMIT_S": "7"})

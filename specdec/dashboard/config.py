@@ -16,7 +16,7 @@ Every knob a host needs (a laptop, a free CPU Hugging Face Space) is an environm
 | SPECDEC_QUEUE_SIZE | queue_size | 16 |
 | SPECDEC_SESSIONS | sessions | 100 |
 | SPECDEC_DTYPE | dtype | auto (the target's and each draft's format measured on this machine); or one format for all |
-| SPECDEC_TARGET / SPECDEC_DRAFT | default_target / default_draft | the catalogue's default pair |
+| SPECDEC_TARGET / SPECDEC_DRAFT | default_target / default_draft | the default pair (live tab: MODEL+lookup) |
 | SPECDEC_UNALIGNED | default_unaligned | the catalogue's first unaligned draft |
 | SPECDEC_ALLOW_TRAINING | allow_training | 1 where the app is private, else 0 (preparing, distilling aligned drafts) |
 | SPECDEC_MAX_DISTILL_STEPS | max_distill_steps | 200 |
@@ -62,7 +62,7 @@ class AppConfig:
     sessions: int = 100  # sessions whose state the server keeps (~0.3 MB each, an hour after they close); oldest go
     dtype: str = "auto"  # weights dtype of every model the app loads (auto: specdec.models.resolve_dtype)
     default_target: str = ""  # preselected target ("" = the catalogue's default pair)
-    default_draft: str = ""  # preselected draft ("" = the catalogue's default pair)
+    default_draft: str = ""  # preselected draft ("" = the catalogue's default pair; live tab: MODEL+lookup)
     default_unaligned: str = ""  # preselected other-tokenizer draft of the compare tab ("" = the catalogue's first)
     allow_training: bool = True  # visitors may prepare (transplant) and distil aligned drafts: CPU and disk heavy
     max_distill_steps: int = 200  # most optimizer steps one distillation started from the app may run

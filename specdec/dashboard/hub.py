@@ -88,6 +88,12 @@ class ModelHub:
         name = models.default_name(role) if role != "unaligned-draft" else (offered or [""])[0]
         return name if name in offered or not offered else offered[0]
 
+    def default_drafter(self) -> str:
+        """The live tab's preselected draft: the host's SPECDEC_DRAFT as it is, else the default draft model behind
+        prompt lookup (MODEL+lookup, which copies only where the model has just missed: never behind the model alone
+        on the suite, well ahead where answers copy their prompt; docs/performance.md)."""
+        return self.config.default_draft or self.default("draft") + HYBRID_SUFFIX
+
     def check(self, name: str, role: str) -> str:
         """`name` if this host lets a visitor load it as `role`; otherwise a ValueError saying what is allowed.
 

@@ -89,7 +89,7 @@ def build(config: AppConfig, hub: ModelHub, demo: gr.Blocks, model_box) -> LiveT
             with gr.Column(scale=1, min_width=320):
                 target = model_box(hub.choices("target"), value=hub.default("target"), label="target model",
                                    info="any folder / .gguf / hub id also works" if custom else None)
-                draft = model_box(hub.choices("draft"), value=hub.default("draft"), label="draft",
+                draft = model_box(hub.choices("draft"), value=hub.default_drafter(), label="draft",
                                   info="a model, `lookup` (prompt lookup) or `self:L` (first L target layers)")
                 bridge = gr.Radio(list(VOCABULARIES), value="auto", label="draft vocabulary",
                                   info="auto: through the text bridge when the tokenizers differ")
