@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from specdec import autoregressive_generate, speculative_generate
-from specdec.drafters import (HybridDrafter, ModelDrafter, NaiveCrossVocabDrafter, PromptLookupDraft, SamplingPolicy,
-                              SelfSpeculativeDraft, TextBridgeDrafter, DraftSpec, Vocabulary, from_spec)
+from specdec.drafters import (HybridDrafter, ModelDrafter, NaiveCrossVocabDrafter, PromptLookupDraft, Proposal,
+                              SamplingPolicy, SelfSpeculativeDraft, TextBridgeDrafter, DraftSpec, Vocabulary, from_spec)
 from specdec.models import LoadedModel
 from specdec.testing import perturbed_copy, tiny_model
 from test_sampling import TEMPERATURE, TOP_P, chi_square_p_value, draw_first_two, exact_law_of_two_tokens
@@ -44,13 +44,48 @@ def test_hybrid_copies_only_where_the_model_has_just_missed(pair):
     assert copied.source == "lookup" and copied.token_ids == [8, 5, 6]
 
 
-def test_hybrid_greedy_output_is_the_target_alone(pair):
-    target, draft = pair
+class Scripted:
+    """A model drafter's stand-in that proposes the first n tokens of its script, whatever the context."""
+
+    model, cost_key, forwards = None, "scripted", 0
+
+    def __init__(self, script):
+        self.script = script
+
+    def reset(self):
+        pass
+
+    def prefill(self, prompt_ids):
+        return 0.0
+
+    def propose(self, context_ids, n, policy):
+        return Proposal(self.script[:n], None, 0.0, min(n, len(self.script)))
+
+
+@pytest.mark.parametrize("script, expected, source, forwards", [
+    ([30, 31, 32, 33], [30, 31, 40, 41], "model+lookup", 2),  # the model starts the copy: the copy takes over
+    ([30, 99, 32, 33], [30, 99, 30, 99], "model", 4)])  # it does not: the model drafts on
+def test_a_model_on_track_is_copied_after_only_where_it_starts_the_copy_itself(script, expected, source, forwards):
+    policy = SamplingPolicy(0.0, 1.0, torch.Generator(), 128)
+    hybrid = HybridDrafter(Scripted(script))
+    start = [5, 6, 7, 30, 31, 40, 41, 9]
+    assert hybrid.propose(start, 2, policy).source == "model"  # no earlier occurrence of [41, 9]... yet
+    on_track = start + script[:2] + [50, 5, 6, 7]  # its 2 tokens passed; later [5, 6, 7] repeats the start
+    proposal = hybrid.propose(on_track, 4, policy)
+    assert (proposal.token_ids, proposal.source, proposal.forwards) == (expected, source, forwards)
+    assert proposal.draft_distributions(128).shape == (4, 128)
+
+
+@pytest.mark.parametrize("noise, sources", [(0.3, {"lookup", "model"}), (0.0, {"model+lookup", "model"})])
+def test_hybrid_greedy_output_is_the_target_alone(pair, noise, sources):
+    """A draft that misses (copies proposed as they are) and one on track (copies it starts itself)."""
+    target = pair[0]
+    draft = perturbed_copy(target, noise=noise, seed=2)
     alone = autoregressive_generate(target, REPEATING, max_new_tokens=40, eos_token_id=[])
     result = speculative_generate(target, HybridDrafter(ModelDrafter(draft)), REPEATING, k=4, max_new_tokens=40,
                                   eos_token_id=[])
     assert result.token_ids == alone.token_ids
-    assert {r.draft_source for r in result.rounds} >= {"lookup", "model"}
+    assert {r.draft_source for r in result.rounds} >= sources
 
 
 def test_hybrid_sampling_keeps_the_target_law():

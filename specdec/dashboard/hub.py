@@ -40,7 +40,7 @@ class ModelHub:
         pairs = [(f"{name} · {entries[name].parameters} · {entries[name].status}", name)
                  for name in self.catalogue_names(role)]
         if role == "draft":
-            pairs += [(f"{name} · prompt lookup where the model missed", name + HYBRID_SUFFIX)
+            pairs += [(f"{name} · prompt lookup, checked by the model", name + HYBRID_SUFFIX)
                       for name in self.catalogue_names("draft") if "draft" in entries[name].roles]
             pairs += [(f"{name} · {'prompt lookup (no model)' if name == 'lookup' else 'first layers of the target'}",
                        name) for name in MODEL_DRAFTERS]
@@ -90,8 +90,8 @@ class ModelHub:
 
     def default_drafter(self) -> str:
         """The live tab's preselected draft: the host's SPECDEC_DRAFT as it is, else the default draft model behind
-        prompt lookup (MODEL+lookup, which copies only where the model has just missed: never behind the model alone
-        on the suite, well ahead where answers copy their prompt; docs/performance.md)."""
+        prompt lookup (MODEL+lookup, which copies where the model has just missed or starts the copy itself: level with
+        the model alone on the suite, well ahead where answers copy their prompt; docs/performance.md)."""
         return self.config.default_draft or self.default("draft") + HYBRID_SUFFIX
 
     def check(self, name: str, role: str) -> str:

@@ -1,12 +1,15 @@
-"""Hybrid drafting: copy from the context where the draft model has just missed, ask the model otherwise.
+"""Hybrid drafting: copy from the context where the draft model has just missed, or where it starts the copy itself.
 
 Prompt lookup (Saxena 2023) is free and, on text that repeats its input (summaries, code edits), long
-and right; a draft model (Leviathan et al. 2023) costs forwards but guesses anywhere. Each round the
-hybrid takes the lookup continuation when one exists, unless the model's last proposal passed whole: a model
-on track keeps drafting (a copied continuation there can only save its forwards, and where the earlier
-occurrence goes on differently it costs the round). Either way the target verifies with the one rule of
-`specdec.core.verify`, so greedy output is the target's and sampling stays lossless (which source proposes
-depends on the context only; a lookup proposal is a point mass; a model proposal carries its p_draft).
+and right; a draft model (Leviathan et al. 2023) costs forwards but guesses anywhere. Each round, where lookup
+finds a continuation (the context's last HYBRID_MIN_NGRAM tokens occurred before):
+- the model's last proposal did not pass whole (it has just missed): the copy is proposed as it is;
+- the model is on track: the model drafts AGREE_BEFORE_COPY tokens first, and the copy's rest follows them only
+  if they are the copy's own first tokens (else the model drafts on), so a copy never interrupts a model on track
+  where the earlier occurrence goes on differently, yet saves its forwards where it does not.
+The target verifies with the one rule of `specdec.core.verify`, so greedy output is the target's and sampling stays
+lossless: which source proposes depends on the context and the tokens already drafted only; a copied token is a
+point mass given the tokens before it, a modelled one carries its p_draft.
 """
 from __future__ import annotations
 
@@ -17,10 +20,11 @@ from specdec.drafters.lookup import PromptLookupDraft
 
 HYBRID_MIN_NGRAM = 3  # shorter repeats are too weak a cue to skip the draft model (2-token matches copied continuations
 # the target rejected on code and finance, docs/performance.md)
+AGREE_BEFORE_COPY = 2  # tokens a model on track drafts itself before a copy that starts with them takes over
 
 
 class HybridDrafter:
-    """Prompt lookup where the model has just missed, `model_drafter` otherwise and when lookup finds nothing (the
+    """Prompt lookup where the model has just missed or starts the copy itself, `model_drafter` otherwise (the
     model's cache catches up later)."""
 
     def __init__(self, model_drafter: Drafter, lookup: PromptLookupDraft | None = None):
@@ -53,8 +57,22 @@ class HybridDrafter:
         copied = self.lookup.propose(context_ids, n, policy)
         if copied.token_ids and not self.model_on_track(context_ids):
             return copied
+        if len(copied.token_ids) <= AGREE_BEFORE_COPY:  # nothing to copy, or nothing the model would not draft
+            return self._modelled(context_ids, n, policy, copied.time_s)
+        head = self._modelled(context_ids, AGREE_BEFORE_COPY, policy, copied.time_s)
+        if head.token_ids == copied.token_ids[:AGREE_BEFORE_COPY]:
+            tail = Proposal(copied.token_ids[AGREE_BEFORE_COPY:], None)
+            return _joined(head, tail, policy, "model+lookup")
+        if len(head.token_ids) < AGREE_BEFORE_COPY or _ended_unsure(head, policy):
+            return head  # the model stopped there, as it would have drafting alone
+        rest = self._modelled(context_ids + head.token_ids, n - AGREE_BEFORE_COPY, policy, 0.0)
+        self.last_model = (len(context_ids), head.token_ids + rest.token_ids)
+        return _joined(head, rest, policy, "model")
+
+    def _modelled(self, context_ids: list[int], n: int, policy: SamplingPolicy, lookup_s: float) -> Proposal:
+        """The model's proposal (its time with the lookup's), remembered as its last."""
         proposal = self.model_drafter.propose(context_ids, n, policy)
-        proposal.time_s += copied.time_s
+        proposal.time_s += lookup_s
         self.last_model = (len(context_ids), proposal.token_ids)
         return proposal
 
@@ -65,3 +83,18 @@ class HybridDrafter:
             return False
         start, tokens = self.last_model
         return bool(tokens) and context_ids[start:start + len(tokens)] == tokens
+
+
+def _joined(head: Proposal, tail: Proposal, policy: SamplingPolicy, source: str) -> Proposal:
+    """One proposal of `head`'s tokens then `tail`'s, each with the distribution it was drawn from."""
+    rows = torch.cat([head.draft_distributions(policy.vocab_size), tail.draft_distributions(policy.vocab_size)])
+    return Proposal(head.token_ids + tail.token_ids, rows, head.time_s + tail.time_s, head.forwards + tail.forwards,
+                    source=source)
+
+
+def _ended_unsure(proposal: Proposal, policy: SamplingPolicy) -> bool:
+    """Whether a greedy model proposal ended on a token it gave less than the stop probability (the model drafts no
+    further after one: `ModelDrafter.propose`)."""
+    if not policy.greedy or proposal.p_draft is None or not proposal.token_ids:
+        return False
+    return float(proposal.p_draft[-1, proposal.token_ids[-1]]) < policy.stop_below
