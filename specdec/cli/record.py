@@ -15,7 +15,7 @@ from specdec.models.loading import add_model_arguments, load_draft, load_model
 def register(subparsers) -> None:
     p = subparsers.add_parser("record", help="record the app's prompt presets: the Live tab's first look")
     add_model_arguments(p, target_default=entries.default_name("target"))
-    p.add_argument("--draft", default=entries.default_name("draft"),
+    p.add_argument("--draft", default=presets.live_draft(entries.default_name("draft")),
                    help="draft model (catalogue name, folder, .gguf, hub id) or drafter (default: the app's)")
     p.add_argument("--preset", help=f"one preset (default: every one): {', '.join(repr(n) for n in presets.PROMPTS)}")
     p.add_argument("--k", type=parse_k, default=presets.LIVE_K,

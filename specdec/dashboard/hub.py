@@ -14,6 +14,7 @@ from specdec.core.limits import Budget
 from specdec.costs.calibration import calibrate
 from specdec.drafters import HYBRID_SUFFIX, DraftSpec, Vocabulary
 from specdec.drafters.spec import MAX_SPEC_CHARS
+from specdec.lab import presets
 from specdec.models import aligned, entries
 
 from specdec.dashboard.config import AppConfig, MODEL_DRAFTERS, proxied
@@ -90,9 +91,8 @@ class ModelHub:
 
     def default_drafter(self) -> str:
         """The live tab's preselected draft: the host's SPECDEC_DRAFT as it is, else the default draft model behind
-        prompt lookup (MODEL+lookup, which copies where the model has just missed or starts the copy itself: level with
-        the model alone on the suite, well ahead where answers copy their prompt; docs/performance.md)."""
-        return self.config.default_draft or self.default("draft") + HYBRID_SUFFIX
+        prompt lookup (`presets.live_draft`)."""
+        return self.config.default_draft or presets.live_draft(self.default("draft"))
 
     def check(self, name: str, role: str) -> str:
         """`name` if this host lets a visitor load it as `role`; otherwise a ValueError saying what is allowed.

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from specdec.drafters import HYBRID_SUFFIX
+
 SUMMARY_PROMPT = (  # a summary repeats the text's phrases: what prompt lookup drafts from
     "Text: The city council voted on Tuesday to extend the bicycle lane network by 40 kilometres over the next "
     "three years. The extension will connect the northern suburbs to the city centre and to the main railway "
@@ -23,6 +25,13 @@ PROMPTS = {  # preset name -> prompt text (the first is the live tab's default: 
 }
 LIVE_K = "auto"  # the live tab's k: chosen each round from the measured acceptance and costs
 LIVE_MAX_NEW_TOKENS = 48  # the live tab's max new tokens (within the host's cap)
+
+
+def live_draft(model: str) -> str:
+    """The live tab's draft for a draft model: the model behind prompt lookup (`MODEL+lookup`, which copies where the
+    model has just missed or starts the copy itself: level with the model alone on the suite, well ahead where an
+    answer repeats its prompt; docs/performance.md)."""
+    return model + HYBRID_SUFFIX
 
 
 def slug(name: str) -> str:
