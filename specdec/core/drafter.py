@@ -44,6 +44,10 @@ class SamplingPolicy:
         """[..., V] logits -> [..., V] probabilities (softmax at T=1 when greedy, for the trace)."""
         return logits_to_probs(logits, self.temperature, 1.0 if self.greedy else self.top_p)
 
+    def stops_after(self, prob: float) -> bool:
+        """Whether a greedy model draft ends its proposal after a token it gave probability `prob`."""
+        return self.greedy and prob < self.stop_below
+
     def choose(self, logits: torch.Tensor, probs: torch.Tensor) -> int:
         """Pick one token from [V] logits/probs: argmax when greedy, else a draw from probs."""
         if self.greedy:
@@ -153,7 +157,7 @@ class ModelDrafter:
             tokens.append(index if ids is None else int(ids[index]))
             rows.append(probs)
             feed = tokens[-1:]
-            if policy.greedy and float(probs[index]) < policy.stop_below:
+            if policy.stops_after(float(probs[index])):
                 break  # unsure of this token: the ones after it would rarely pass
         p_draft = over_target_vocab(torch.stack(rows), ids, policy.vocab_size) if rows else None  # [len, V_target]
         return Proposal(tokens, p_draft, elapsed, len(tokens))

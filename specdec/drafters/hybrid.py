@@ -93,8 +93,8 @@ def _joined(head: Proposal, tail: Proposal, policy: SamplingPolicy, source: str)
 
 
 def _ended_unsure(proposal: Proposal, policy: SamplingPolicy) -> bool:
-    """Whether a greedy model proposal ended on a token it gave less than the stop probability (the model drafts no
-    further after one: `ModelDrafter.propose`)."""
-    if not policy.greedy or proposal.p_draft is None or not proposal.token_ids:
+    """Whether a model proposal ended on a token after which the model drafts no further (`SamplingPolicy.stops_after`;
+    a proposal without probabilities never does)."""
+    if proposal.p_draft is None or not proposal.token_ids:
         return False
-    return float(proposal.p_draft[-1, proposal.token_ids[-1]]) < policy.stop_below
+    return policy.stops_after(float(proposal.p_draft[-1, proposal.token_ids[-1]]))
