@@ -41,7 +41,7 @@ class ModelHub:
         pairs = [(f"{name} · {entries[name].parameters} · {entries[name].status}", name)
                  for name in self.catalogue_names(role)]
         if role == "draft":
-            pairs += [(f"{name} · prompt lookup, checked by the model", name + HYBRID_SUFFIX)
+            pairs += [(f"{name} · with prompt lookup where it misses or agrees", name + HYBRID_SUFFIX)
                       for name in self.catalogue_names("draft") if "draft" in entries[name].roles]
             pairs += [(f"{name} · {'prompt lookup (no model)' if name == 'lookup' else 'first layers of the target'}",
                        name) for name in MODEL_DRAFTERS]
