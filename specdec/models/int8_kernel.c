@@ -26,6 +26,8 @@
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define MB_MAX 8   /* rows one VNNI pass reads each weight vector for */
+#define PREFETCH 4096  /* bytes ahead in a block's weights each step asks the cache for (the hardware prefetcher
+   alone left several rows' products 5-15% under the one-row read speed, docs/performance.md) */
 
 /* NB blocks of 16 outputs for MB rows: NB x MB accumulators of 16 int32 */
 static inline __attribute__((always_inline)) void tile(const uint8_t *xu, int64_t K, const int8_t *w,
@@ -40,6 +42,7 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *xu, int64_
     for (int64_t g = 0; g < K4; g++) {
         #pragma GCC unroll 8
         for (int i = 0; i < NB; i++) {
+            _mm_prefetch((const char *)(wb + (i * K4 + g) * 64 + PREFETCH), _MM_HINT_T0);
             __m512i v = _mm512_loadu_si512(wb + (i * K4 + g) * 64);
             #pragma GCC unroll 8
             for (int j = 0; j < MB; j++)
@@ -168,6 +171,10 @@ static inline float code_of(float x, float scale) {
    scaled in float32: y = x_scale * sum_g (scale * sum(code * x_q) - offset * sum(x_q)). Rows never meet. */
 #define G4 32
 #define MB4 4   /* rows one pass reads each weight vector for */
+/* bytes ahead in the codes, and in the scales, each step asks the cache for: without them one row read the 4-bit
+   weights at 20 GB/s where the int8 product reads 28 (docs/performance.md) */
+#define PREFETCH4 8192
+#define PREFETCH4_SCALES 2048
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 static inline __attribute__((always_inline)) void tile4(const int8_t *xq, const float *xsum, int64_t K,
         const uint8_t *w, const uint16_t *sz, int64_t blk, int64_t N, float *out, int64_t ldo, const int NB,
@@ -189,6 +196,7 @@ static inline __attribute__((always_inline)) void tile4(const int8_t *xq, const 
         for (int p = g * (G4 / 8); p < (g + 1) * (G4 / 8); p++)
             #pragma GCC unroll 2
             for (int i = 0; i < NB; i++) {
+                _mm_prefetch((const char *)(w + ((blk + i) * K8 + p) * 64 + PREFETCH4), _MM_HINT_T0);
                 const __m512i v = _mm512_loadu_si512(w + ((blk + i) * K8 + p) * 64);
                 const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
                 #pragma GCC unroll 4
@@ -201,6 +209,7 @@ static inline __attribute__((always_inline)) void tile4(const int8_t *xq, const 
         #pragma GCC unroll 2
         for (int i = 0; i < NB; i++) {
             const uint16_t *s = sz + ((blk + i) * G + g) * 32;
+            _mm_prefetch((const char *)(s + PREFETCH4_SCALES / 2), _MM_HINT_T0);
             const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)s));
             const __m512 offset = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + 16)));
             #pragma GCC unroll 4
