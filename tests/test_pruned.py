@@ -8,7 +8,7 @@ import torch
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters import ModelDrafter, PrunedVocabularyDrafter, SamplingPolicy, from_spec
 from specdec.drafters.pruned import load_vocabulary
-from specdec.models import LoadedModel, quant
+from specdec.models import LoadedModel, formats, native, quant
 from specdec.testing import perturbed_copy, tiny_model
 from specdec.training.prune import build_vocabulary, save_vocabulary
 from test_sampling import TEMPERATURE, TOP_P, chi_square_p_value, draw_first_two, exact_law_of_two_tokens
@@ -110,23 +110,26 @@ def test_the_factory_reads_model_at_vocab_file(pair, tmp_path):
         PrunedVocabularyDrafter(draft, [0, 500])
 
 
-@pytest.mark.parametrize("form", ["int8", "int8-dynamic"])
-def test_a_quantized_draft_drafts_over_its_own_int8_rows_of_the_set(pair, form):
-    """The head's int8 rows of the set, in the draft's form: the set's logits are the full head's, bit for bit
-    (row-invariant int8) or within the coupled kernel's rounding (one activation scale), and greedy output stays
-    the target's."""
+@pytest.mark.parametrize("form", ["int8", "int8-dynamic", "int4-dynamic"])
+def test_a_quantized_draft_drafts_over_its_own_rows_of_the_set(pair, form):
+    """The head's rows of the set, in the draft's form: the set's logits are the full head's, bit for bit (the
+    row-invariant int8 head, the 4-bit head whose rows never meet) or within the coupled kernel's rounding (one
+    activation scale), and greedy output stays the target's."""
+    if form == "int4-dynamic" and native.library() is None:
+        pytest.skip("the compiled product is not built here")
     target, draft = pair
-    int8 = quant.quantize_int8(copy.deepcopy(draft))
+    int8 = formats.to_format(copy.deepcopy(draft), "int4-dynamic") if form == "int4-dynamic" \
+        else quant.quantize_int8(copy.deepcopy(draft))
     if form == "int8-dynamic":
         quant.couple_rows(int8)
     full, pruned = ModelDrafter(int8), PrunedVocabularyDrafter(int8, KEPT)
     head = pruned.lm.model.get_output_embeddings()
-    assert head.out_features == len(KEPT) and (head.coupled is not None) == (form == "int8-dynamic")
+    assert head.out_features == len(KEPT) and (getattr(head, "coupled", None) is not None) == (form == "int8-dynamic")
     assert int8.get_output_embeddings().out_features == 128  # the wrapped model keeps its full head
     full_logits, _ = full.lm.forward(PROMPT)
     pruned_logits, _ = pruned.lm.forward(PROMPT)
-    assert pruned.lm.plan is not None  # the sliced model still runs the int8 model's own forward
-    if form == "int8":
+    assert pruned.lm.plan is not None  # the sliced model still runs the quantized model's own forward
+    if form != "int8-dynamic":
         assert pruned_logits[-1].equal(full_logits[-1, KEPT])
     else:
         assert torch.allclose(pruned_logits[-1], full_logits[-1, KEPT], atol=1e-3)

@@ -140,6 +140,41 @@ def test_linears_become_int4_the_head_int8_and_the_embedding_4_bit_or_the_tied_h
         quantize_int4(tiny_model("qwen2").to(torch.bfloat16))
 
 
+@pytest.mark.skipif(native.library() is None, reason="the compiled product is not built here")
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_int4_dynamic_draft_reads_its_head_in_4_bits_and_a_tied_embedding_keeps_the_int8_rows(tied):
+    """The head is a draft step's largest weight: it becomes 4-bit groups like every other Linear, its logits within
+    4-bit rounding of the int8 head's; a tied embedding keeps the int8 head's rows (bit for bit) as its own."""
+    from specdec.testing import tiny_config
+
+    config = tiny_config("qwen2")
+    config.tie_word_embeddings = tied
+    model = quantize_int4(AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval())
+    int8_head, ids = model.get_output_embeddings(), torch.tensor([[0, 5, 127]])
+    rows = model.get_input_embeddings()(ids)
+    hidden = torch.randn(3, config.hidden_size)
+    int8_logits = int8_head(hidden)
+    quant4.dynamic_rows(model)
+    head = model.get_output_embeddings()
+    assert isinstance(head, quant4.Int4DynamicLinear)
+    assert float((head(hidden) - int8_logits).norm() / int8_logits.norm()) < 0.1
+    assert torch.equal(model.get_input_embeddings()(ids), rows)
+    assert not getattr(model.get_input_embeddings(), "tied", False)  # the int8 head itself is gone
+
+
+@pytest.mark.skipif(native.library() is None, reason="the compiled product is not built here")
+def test_a_4_bit_layer_unpacks_to_its_groups_and_keeps_rows_bit_for_bit():
+    groups = quant4.groups_from_float(torch.randn(40, 96))
+    packed = native.pack4(*groups)
+    codes, scale, offset = native.unpack4(packed)
+    again = native.pack4(codes, scale, offset)
+    assert torch.equal(again.blocks, packed.blocks) and torch.equal(again.scales, packed.scales)
+    assert torch.equal(codes, groups.codes.to(codes.dtype))
+    layer = quant4.Int4DynamicLinear(groups, torch.randn(40))
+    rows, x = torch.tensor([3, 17, 39, 0]), torch.randn(2, 96)
+    assert torch.equal(layer.kept_rows(rows)(x), layer(x)[:, rows])
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_int4_forward_of_n_tokens_equals_n_one_token_steps(arch):
     assert_n_tokens_are_n_steps(quantized(arch), CONTEXT, most=9, vocab=128)

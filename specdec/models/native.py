@@ -243,6 +243,16 @@ def pack4(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> Pac
     return Packed4(blocks.contiguous(), torch.stack(per_block, dim=2).to(torch.float16).contiguous(), n, k)
 
 
+def unpack4(packed: Packed4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The codes [N, K] uint8, scale and offset [N, K / GROUP_4] float32 `packed` holds (as float16): `pack4` of
+    them gives `packed` again, bit for bit."""
+    n, k = packed.out_features, packed.in_features
+    blocks = packed.blocks.permute(0, 2, 1, 3)  # [N'/16, 16, K/8, 4]
+    codes = torch.stack([blocks & 0x0F, blocks >> 4], dim=3).reshape(-1, k)[:n]  # [N, K]: 4 low, then 4 high
+    scale, offset = (packed.scales[:, :, i].transpose(1, 2).reshape(-1, k // GROUP_4)[:n].float() for i in (0, 1))
+    return codes.contiguous(), scale.contiguous(), offset.contiguous()
+
+
 def linear4(x: torch.Tensor, packed: Packed4, bias: torch.Tensor | None) -> torch.Tensor:
     """float32 rows x [M, K] times a 4-bit weight (+ bias) in one call: each row quantized to int8 alone, each group's
     sums exact, scaled in float32 (the source's int4_linear). Returns [M, N] float32."""
