@@ -48,6 +48,7 @@ from specdec.models.quant import Int8Linear, SharedInput
 
 GROUP_SIZE = 32  # inputs per scale and zero: q4_K's sub-block (the kernel takes 32..256 at one speed here)
 CODE_MAX = 15  # codes 0..15; the kernel reads them as code - 8
+CHUNK_ROWS = 4096  # rows a conversion to groups handles at once (its temporaries then fit the cache)
 CODE_OFFSET = 8
 OUT_MULTIPLE = 16  # the kernel packs outputs in blocks of 16 (other layers stay int8)
 INNER_K_TILES = 1  # argument of the packing op; the CPU layout does not depend on it
@@ -71,6 +72,9 @@ def groups_from_float(weight: torch.Tensor) -> Int4Groups:
         rows, cols = weight.shape
         scale = torch.full((rows, cols // GROUP_SIZE), 2 * (3 / cols) ** 0.5 / CODE_MAX)
         return Int4Groups(codes, scale, scale * CODE_MAX / 2)
+    if weight.shape[0] > CHUNK_ROWS:  # row by row alike: in chunks, each op's temporaries stay in the cache (2x faster)
+        parts = [groups_from_float(weight[start:start + CHUNK_ROWS]) for start in range(0, weight.shape[0], CHUNK_ROWS)]
+        return Int4Groups(*(torch.cat(part) for part in zip(*parts)))
     grouped = weight.detach().float().unflatten(-1, (-1, GROUP_SIZE))  # [rows, cols / G, G]
     low, high = grouped.amin(-1), grouped.amax(-1)  # [rows, cols / G]
     scale = (high - low) / CODE_MAX
@@ -209,7 +213,10 @@ def _fits_dynamic(module) -> bool:
 def _groups_of(layer: torch.nn.Module) -> Int4Groups:
     """An Int4Linear's groups as they are (unpacked from the kernel's layout), or an Int8Linear's weight requantized."""
     if isinstance(layer, Int8Linear):
-        return groups_from_float(layer.int8_weight().float() * layer.weight_scale[:, None])
+        codes, scale = layer.int8_weight(), layer.weight_scale
+        parts = [groups_from_float(codes[start:start + CHUNK_ROWS].float() * scale[start:start + CHUNK_ROWS, None])
+                 for start in range(0, codes.shape[0], CHUNK_ROWS)]  # no float copy of the whole weight
+        return Int4Groups(*(torch.cat(part) for part in zip(*parts)))
     packed = layer.packed.flatten()
     nibbles = torch.stack([packed & 0x0F, packed >> 4], dim=-1).flatten()  # byte * 2 + high: each code
     codes = nibbles[_packed_order(layer.out_features, layer.in_features)]  # [out * in]
