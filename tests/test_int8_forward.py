@@ -1,14 +1,15 @@
 """An int8 model's own forward (specdec.models.int8_forward): CachedLM runs it for llama and qwen2 layouts, the
 row-invariant target's and the coupled draft's, its logits bitwise the model's own forward's through prefill,
-steps, verification-sized forwards, rollbacks and cache growth; every other model, a lever's cache class or
-SPECDEC_TRANSFORMERS_FORWARD=1 runs the model's forward."""
+steps, verification-sized forwards, rollbacks and cache growth (a draft's one-token steps, attending in one
+compiled call, within float rounding); every other model, a lever's cache class or SPECDEC_TRANSFORMERS_FORWARD=1
+runs the model's forward."""
 import pytest
 import torch
 
 from specdec import autoregressive_generate, speculative_generate
 from specdec.core import kv
 from specdec.core.kv import CACHE_CLASS_FLAG, CachedLM
-from specdec.models import formats, int8_forward
+from specdec.models import formats, int8_forward, native
 from specdec.testing import perturbed_copy, tiny_model
 
 CONTEXT = [1, 5, 9, 13, 7, 4, 8, 6, 12, 3, 10, 11]
@@ -42,7 +43,11 @@ def test_the_own_forward_gives_the_models_own_logits_bit_for_bit(monkeypatch, ar
     lm = CachedLM(model)
     assert isinstance(lm.plan, int8_forward.Plan) and isinstance(lm.cache, int8_forward.Cache)
     ours, theirs = feeds(lm), feeds(transformers_forward(model))
-    assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
+    if lm.plan.fused:  # a draft's one-token step attends in one compiled call: sdpa's within float rounding
+        assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-4) for a, b in zip(ours, theirs))
+        assert torch.equal(ours[0], theirs[0])  # the prefill, before any such step
+    else:
+        assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
     assert lm.cache.length == len(lm.token_ids) and lm.cache.keys[0].shape[-2] >= lm.cache.length
 
 
@@ -52,7 +57,34 @@ def test_a_view_of_the_first_layers_runs_its_own_plan(form):
     view = formats.at_depth(model, 2)
     lm = CachedLM(view)
     assert len(lm.plan.layers) == 2 and len(CachedLM(model).plan.layers) == 4
-    assert all(torch.equal(a, b) for a, b in zip(feeds(lm), feeds(transformers_forward(view))))
+    same = (lambda a, b: torch.allclose(a, b, rtol=1e-4, atol=1e-4)) if lm.plan.fused else torch.equal
+    assert all(same(a, b) for a, b in zip(feeds(lm), feeds(transformers_forward(view))))
+
+
+@pytest.mark.skipif(native.library() is None, reason="the compiled product is not built here")
+@pytest.mark.parametrize("form", ["int8-dynamic", "int4-dynamic"])
+def test_a_drafts_one_token_step_attends_in_one_call_writing_the_keys_sdpa_would(monkeypatch, form):
+    """Only a draft's form fuses (the int8 target keeps its row-invariant attention); each one-token step is one
+    compiled call a layer, the first layer's keys and values are those the unfused step writes, bit for bit, and
+    the logits within float rounding of sdpa's, through cache growth."""
+    monkeypatch.setattr(kv, "MIN_CAPACITY", 16)
+    assert not CachedLM(int8_model("qwen2", "int8")).plan.fused
+    model = int8_model("qwen2", form)
+    fused, plain = CachedLM(model), CachedLM(model)
+    plain.plan = int8_forward.Plan(**{**vars(plain.plan), "fused": False})
+    calls, original = [], native.attend_one
+    monkeypatch.setattr(native, "attend_one", lambda *args: calls.append(1) or original(*args))
+    for lm in (fused, plain):
+        lm.forward(CONTEXT)
+    for token in range(14, 40):
+        ours, theirs = fused.forward([token])[0], plain.forward([token])[0]
+        assert torch.allclose(ours, theirs, rtol=1e-4, atol=1e-4)
+    assert len(calls) == 26 * len(fused.plan.layers)
+    end = fused.cache.length
+    assert end == plain.cache.length and fused.cache.keys[0].shape[-2] >= end > 16  # grown past its first capacity
+    # the first layer reads the same embeddings either way: the rotated keys and the values it writes are equal
+    assert torch.equal(fused.cache.keys[0][..., :end, :], plain.cache.keys[0][..., :end, :])
+    assert torch.equal(fused.cache.values[0][..., :end, :], plain.cache.values[0][..., :end, :])
 
 
 def test_other_models_a_cache_lever_and_the_switch_run_transformers_forward(monkeypatch):

@@ -37,13 +37,20 @@ def written(storage: torch.Tensor | None, start: int, new: torch.Tensor) -> torc
     (MIN_CAPACITY at first, at least start + n) that holds its first `start` positions, so copies are amortised
     O(1) per token. The preallocated caches (the lever's, an int8 model's own forward's) all grow by this rule."""
     end = start + new.shape[-2]
+    storage = reserved(storage, start, end, new)
+    storage[..., start:end, :] = new
+    return storage
+
+
+def reserved(storage: torch.Tensor | None, start: int, end: int, like: torch.Tensor) -> torch.Tensor:
+    """`storage` if it holds `end` positions, else new storage of the growth rule above (shaped and typed as `like`
+    [B, H_kv, n, D], its first `start` positions copied)."""
     if storage is None or end > storage.shape[-2]:
         old = 0 if storage is None else storage.shape[-2]
-        grown = new.new_empty((*new.shape[:-2], max(end, MIN_CAPACITY, 2 * old), new.shape[-1]))
+        grown = like.new_empty((*like.shape[:-2], max(end, MIN_CAPACITY, 2 * old), like.shape[-1]))
         if start:
             grown[..., :start, :] = storage[..., :start, :]
         storage = grown
-    storage[..., start:end, :] = new
     return storage
 
 

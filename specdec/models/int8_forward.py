@@ -8,7 +8,9 @@ Linears, norm weights, sizes) and `Plan.forward` computes the same thing directl
 transformers' formulas, q and k rotated as one tensor, keys and values written in place (`Cache`), each int8
 Linear's own forward (row-invariant, or coupled for a draft), and the attention the model is configured with,
 called as transformers calls it. The logits are bitwise the model's own forward's (tests/test_int8_forward.py),
-only sooner (docs/performance.md, "Each int8 model's own forward").
+only sooner (docs/performance.md, "Each int8 model's own forward"), but for a draft's one-token steps: a draft's
+precision never changes the output, so there the rotary, the key/value write and the attention are one compiled
+call (`native.attend_one`: sdpa's result within float rounding, without a dozen small ops around it).
 
 CachedLM runs it wherever `specdec.models.quant` marked the model (`specdec.core.kv.DECODER_FLAG`: the int8 target
 with its row-by-row attention, a coupled draft with sdpa's) and this module knows the layout: DECODER_TYPES, full
@@ -25,7 +27,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from specdec.core.kv import written
+from specdec.core.kv import reserved, written
+from specdec.models import native
 
 DECODER_TYPES = ("llama", "qwen2")  # model types whose decoder layer `Plan.forward` reproduces
 
@@ -74,6 +77,14 @@ class Cache:
         self.values[index] = written(self.values[index], self.length, value)
         return self.keys[index][..., :end, :], self.values[index][..., :end, :]
 
+    def reserve(self, index: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `index`'s storages [1, H_kv, capacity, D] holding one position past the held ones (`kv.reserved`;
+        `like` [1, H_kv, 1, D]), for a step that writes its own key and value there (`native.attend_one`)."""
+        end = self.length + 1
+        self.keys[index] = reserved(self.keys[index], self.length, end, like)
+        self.values[index] = reserved(self.values[index], self.length, end, like)
+        return self.keys[index], self.values[index]
+
     def advance(self, n: int) -> None:
         self.length += n
 
@@ -93,6 +104,7 @@ class Plan:
     scaling: float  # attention's scale, D**-0.5 as transformers computes it
     intermediate: int  # I
     attention: Attention  # the one the model is configured with (`sdpa_attention`, or the int8 target's row by row)
+    fused: bool = False  # a draft's: one-token steps attend in one compiled call (`native.attend_one`), not sdpa's bits
 
     def new_cache(self) -> Cache:
         return Cache(len(self.layers))
@@ -114,11 +126,16 @@ class Plan:
     def _layer(self, layer: Layer, index: int, hidden, cos, sin, mask, cache: Cache) -> torch.Tensor:
         """One decoder layer over hidden [n, d], as transformers' llama/qwen2 layer computes it."""
         n, heads, kv_heads, dim = hidden.shape[0], self.heads, self.kv_heads, self.head_dim
-        qkv = layer.qkv(_rms_norm(hidden, layer.norm, layer.norm_eps)).view(n, heads + 2 * kv_heads, dim)
-        qk = _rotated(qkv[:, :heads + kv_heads], cos, sin).transpose(0, 1)[None]  # [1, H + H_kv, n, D]
-        value = qkv[:, heads + kv_heads:].transpose(0, 1)[None]  # [1, H_kv, n, D]
-        key, value = cache.update(index, qk[:, heads:], value)  # [1, H_kv, past + n, D]
-        out, _ = self.attention(None, qk[:, :heads], key, value, mask, scaling=self.scaling)  # [1, n, H, D]
+        qkv = layer.qkv(_rms_norm(hidden, layer.norm, layer.norm_eps))  # [n, (H + 2·H_kv)·D]
+        if n == 1 and self.fused:
+            keys, values = cache.reserve(index, qkv.view(1, -1, 1, dim)[:, :kv_heads])  # [1, H_kv, capacity, D]
+            out = native.attend_one(qkv[0], cos[0, 0], sin[0, 0], keys, values, cache.length, heads, self.scaling)
+        else:
+            qkv = qkv.view(n, heads + 2 * kv_heads, dim)
+            qk = _rotated(qkv[:, :heads + kv_heads], cos, sin).transpose(0, 1)[None]  # [1, H + H_kv, n, D]
+            value = qkv[:, heads + kv_heads:].transpose(0, 1)[None]  # [1, H_kv, n, D]
+            key, value = cache.update(index, qk[:, heads:], value)  # [1, H_kv, past + n, D]
+            out, _ = self.attention(None, qk[:, :heads], key, value, mask, scaling=self.scaling)  # [1, n, H, D]
         hidden = hidden + layer.o(out.reshape(n, heads * dim))
         gate_up = layer.gate_up(_rms_norm(hidden, layer.post_norm, layer.post_norm_eps))  # [n, 2·I]
         return hidden + layer.down(F.silu(gate_up[:, :self.intermediate]) * gate_up[:, self.intermediate:])
@@ -173,7 +190,8 @@ def decoder_for(model: torch.nn.Module, attention: Attention) -> Plan | None:
         first = base.layers[0].self_attn  # every layer's head size and scale are the first one's
         return Plan(model, layers, base.norm.weight, base.norm.variance_epsilon, head,
                     config.num_attention_heads, config.num_key_value_heads, first.head_dim,
-                    first.scaling, config.intermediate_size, attention)
+                    first.scaling, config.intermediate_size, attention,
+                    fused=attention is sdpa_attention and native.library() is not None)
     except (AttributeError, LayoutError):
         return None
 

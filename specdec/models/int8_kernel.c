@@ -432,3 +432,58 @@ int int8_linear(const float *x, int64_t M, int64_t K, int64_t rows, int64_t Kp, 
     free(xscale);
     return 0;
 }
+
+/* A draft's one-token attention step (specdec.models.int8_forward, the draft forms only: its bits are not sdpa's):
+   the new token's q and k rotated (x * cos + rotate_half(x) * sin, as transformers), its key and value written at
+   position `past` of the layer's storage [H_kv][capacity][D], then each query head's softmax attention over
+   positions 0..past of its key/value head (H / H_kv query heads a key/value head). qkv [(H + 2 H_kv) D] (q, k, v
+   heads in that order), cos and sin [D], out [H][D]. Returns 0, or -1 where its scratch could not be had. */
+#define LANES 16  /* partial sums kept apart, so the compiler vectorizes a dot product without reordering it */
+static inline float dot(const float *a, const float *b, int64_t D) {
+    float acc[LANES] = {0};
+    int64_t d = 0;
+    for (; d + LANES <= D; d += LANES)
+        for (int l = 0; l < LANES; l++) acc[l] += a[d + l] * b[d + l];
+    float sum = 0.0f;
+    for (int l = 0; l < LANES; l++) sum += acc[l];
+    for (; d < D; d++) sum += a[d] * b[d];
+    return sum;
+}
+static inline void rotated(const float *x, const float *cos, const float *sin, int64_t D, float *out) {
+    const int64_t half = D / 2;
+    for (int64_t i = 0; i < half; i++) {
+        out[i] = x[i] * cos[i] - x[i + half] * sin[i];
+        out[i + half] = x[i + half] * cos[i + half] + x[i] * sin[i + half];
+    }
+}
+int attend_one(const float *qkv, const float *cos, const float *sin, float *keys, float *values, int64_t capacity,
+               int64_t past, int64_t H, int64_t Hkv, int64_t D, float scaling, float *out, int threads) {
+    const int64_t L = past + 1, group = H / Hkv;
+    for (int64_t g = 0; g < Hkv; g++) {
+        rotated(qkv + (H + g) * D, cos, sin, D, keys + (g * capacity + past) * D);
+        memcpy(values + (g * capacity + past) * D, qkv + (H + Hkv + g) * D, D * sizeof(float));
+    }
+    float *scratch = malloc(sizeof(float) * H * (L + D));
+    if (!scratch) return -1;
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t h = 0; h < H; h++) {
+        const int64_t g = h / group;
+        const float *K = keys + g * capacity * D, *V = values + g * capacity * D;
+        float *q = scratch + h * (L + D), *score = q + D, *o = out + h * D;
+        rotated(qkv + h * D, cos, sin, D, q);
+        float top = -INFINITY;
+        for (int64_t p = 0; p < L; p++) {
+            score[p] = dot(q, K + p * D, D) * scaling;
+            top = fmaxf(top, score[p]);
+        }
+        float total = 0.0f;
+        for (int64_t p = 0; p < L; p++) total += score[p] = expf(score[p] - top);
+        for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
+        for (int64_t p = 0; p < L; p++) {
+            const float w = score[p] / total, *v = V + p * D;
+            for (int64_t d = 0; d < D; d++) o[d] += w * v[d];
+        }
+    }
+    free(scratch);
+    return 0;
+}

@@ -104,6 +104,10 @@ def library() -> ctypes.CDLL | None:
     lib.int4_linear.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                                 ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     lib.int4_linear.restype = ctypes.c_int
+    lib.attend_one.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                               ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                               ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
+    lib.attend_one.restype = ctypes.c_int
     return lib
 
 
@@ -251,6 +255,19 @@ def unpack4(packed: Packed4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     codes = torch.stack([blocks & 0x0F, blocks >> 4], dim=3).reshape(-1, k)[:n]  # [N, K]: 4 low, then 4 high
     scale, offset = (packed.scales[:, :, i].transpose(1, 2).reshape(-1, k // GROUP_4)[:n].float() for i in (0, 1))
     return codes.contiguous(), scale.contiguous(), offset.contiguous()
+
+
+def attend_one(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+               past: int, heads: int, scaling: float) -> torch.Tensor:
+    """A draft's one-token attention in one call (the source's attend_one): qkv [(H + 2·H_kv)·D] of the new token,
+    cos and sin [D] at its position; its rotated key and its value written at `past` in keys and values [1, H_kv,
+    capacity, D] (contiguous float32, capacity > past); returns [1, H·D], the attention over positions 0..past."""
+    kv_heads, capacity, dim = keys.shape[1:]
+    out = torch.empty(1, heads * dim)
+    if library().attend_one(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(), values.data_ptr(),
+                            capacity, past, heads, kv_heads, dim, scaling, out.data_ptr(), torch.get_num_threads()):
+        raise MemoryError("no memory for a one-token attention's scores")
+    return out
 
 
 def linear4(x: torch.Tensor, packed: Packed4, bias: torch.Tensor | None) -> torch.Tensor:
