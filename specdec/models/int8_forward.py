@@ -9,8 +9,9 @@ transformers' formulas, q and k rotated as one tensor, keys and values written i
 Linear's own forward (row-invariant, or coupled for a draft), and the attention the model is configured with,
 called as transformers calls it. The logits are bitwise the model's own forward's (tests/test_int8_forward.py),
 only sooner (docs/performance.md, "Each int8 model's own forward"), but for a draft's one-token steps: a draft's
-precision never changes the output, so there the rotary, the key/value write and the attention are one compiled
-call (`native.attend_one`: sdpa's result within float rounding, without a dozen small ops around it).
+precision never changes the output, so there each norm, the rotary with the key/value write and the attention, and
+the gated product are one compiled call each (`native`: the same formulas within float rounding, without a dozen
+small ops around each).
 
 CachedLM runs it wherever `specdec.models.quant` marked the model (`specdec.core.kv.DECODER_FLAG`: the int8 target
 with its row-by-row attention, a coupled draft with sdpa's) and this module knows the layout: DECODER_TYPES, full
@@ -104,7 +105,7 @@ class Plan:
     scaling: float  # attention's scale, D**-0.5 as transformers computes it
     intermediate: int  # I
     attention: Attention  # the one the model is configured with (`sdpa_attention`, or the int8 target's row by row)
-    fused: bool = False  # a draft's: one-token steps attend in one compiled call (`native.attend_one`), not sdpa's bits
+    fused: bool = False  # a draft's: one-token steps run norms, attention and the gated product compiled (`native`)
 
     def new_cache(self) -> Cache:
         return Cache(len(self.layers))
@@ -126,19 +127,27 @@ class Plan:
     def _layer(self, layer: Layer, index: int, hidden, cos, sin, mask, cache: Cache) -> torch.Tensor:
         """One decoder layer over hidden [n, d], as transformers' llama/qwen2 layer computes it."""
         n, heads, kv_heads, dim = hidden.shape[0], self.heads, self.kv_heads, self.head_dim
-        qkv = layer.qkv(_rms_norm(hidden, layer.norm, layer.norm_eps))  # [n, (H + 2·H_kv)·D]
         if n == 1 and self.fused:
-            keys, values = cache.reserve(index, qkv.view(1, -1, 1, dim)[:, :kv_heads])  # [1, H_kv, capacity, D]
-            out = native.attend_one(qkv[0], cos[0, 0], sin[0, 0], keys, values, cache.length, heads, self.scaling)
-        else:
-            qkv = qkv.view(n, heads + 2 * kv_heads, dim)
-            qk = _rotated(qkv[:, :heads + kv_heads], cos, sin).transpose(0, 1)[None]  # [1, H + H_kv, n, D]
-            value = qkv[:, heads + kv_heads:].transpose(0, 1)[None]  # [1, H_kv, n, D]
-            key, value = cache.update(index, qk[:, heads:], value)  # [1, H_kv, past + n, D]
-            out, _ = self.attention(None, qk[:, :heads], key, value, mask, scaling=self.scaling)  # [1, n, H, D]
+            return self._fused_step(layer, index, hidden, cos, sin, cache)
+        qkv = layer.qkv(_rms_norm(hidden, layer.norm, layer.norm_eps))  # [n, (H + 2·H_kv)·D]
+        qkv = qkv.view(n, heads + 2 * kv_heads, dim)
+        qk = _rotated(qkv[:, :heads + kv_heads], cos, sin).transpose(0, 1)[None]  # [1, H + H_kv, n, D]
+        value = qkv[:, heads + kv_heads:].transpose(0, 1)[None]  # [1, H_kv, n, D]
+        key, value = cache.update(index, qk[:, heads:], value)  # [1, H_kv, past + n, D]
+        out, _ = self.attention(None, qk[:, :heads], key, value, mask, scaling=self.scaling)  # [1, n, H, D]
         hidden = hidden + layer.o(out.reshape(n, heads * dim))
         gate_up = layer.gate_up(_rms_norm(hidden, layer.post_norm, layer.post_norm_eps))  # [n, 2·I]
         return hidden + layer.down(F.silu(gate_up[:, :self.intermediate]) * gate_up[:, self.intermediate:])
+
+    def _fused_step(self, layer: Layer, index: int, hidden, cos, sin, cache: Cache) -> torch.Tensor:
+        """A draft's one-token step through one layer, hidden [1, d]: the same formulas, each norm, the attention
+        and the gated product one compiled call (`native`), so float rounding differs from `_layer`'s."""
+        qkv = layer.qkv(native.rms_norm(hidden, layer.norm, layer.norm_eps))  # [1, (H + 2·H_kv)·D]
+        keys, values = cache.reserve(index, qkv.view(1, -1, 1, self.head_dim)[:, :self.kv_heads])  # [1, H_kv, cap, D]
+        out = native.attend_one(qkv[0], cos[0, 0], sin[0, 0], keys, values, cache.length, self.heads, self.scaling)
+        hidden = hidden + layer.o(out)  # out [1, H·D]
+        gate_up = layer.gate_up(native.rms_norm(hidden, layer.post_norm, layer.post_norm_eps))  # [1, 2·I]
+        return hidden + layer.down(native.silu_mul(gate_up))
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

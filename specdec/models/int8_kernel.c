@@ -487,3 +487,23 @@ int attend_one(const float *qkv, const float *cos, const float *sin, float *keys
     free(scratch);
     return 0;
 }
+
+/* A draft's RMSNorm of rows x [M][K]: w * (x / sqrt(mean(x^2) + eps)) (transformers' formula; the sum in LANES
+   partial sums, so not torch's bits: a draft's form only). */
+void rms_norm_rows(const float *x, int64_t M, int64_t K, const float *w, float eps, float *out) {
+    for (int64_t m = 0; m < M; m++) {
+        const float *row = x + m * K;
+        float *y = out + m * K;
+        const float inverse = 1.0f / sqrtf(dot(row, row, K) / (float)K + eps);
+        for (int64_t k = 0; k < K; k++) y[k] = w[k] * (row[k] * inverse);
+    }
+}
+
+/* A draft's SiLU-gated product of gate_up rows [M][2I] (gate columns, then up): silu(gate) * up, out [M][I]. */
+void silu_mul_rows(const float *gate_up, int64_t M, int64_t I, float *out) {
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t i = 0; i < I; i++) {
+            const float g = gate_up[m * 2 * I + i];
+            out[m * I + i] = g / (1.0f + expf(-g)) * gate_up[m * 2 * I + I + i];
+        }
+}

@@ -108,6 +108,9 @@ def library() -> ctypes.CDLL | None:
                                ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                                ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
     lib.attend_one.restype = ctypes.c_int
+    lib.rms_norm_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_float,
+                                  ctypes.c_void_p]
+    lib.silu_mul_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     return lib
 
 
@@ -267,6 +270,21 @@ def attend_one(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: to
     if library().attend_one(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(), values.data_ptr(),
                             capacity, past, heads, kv_heads, dim, scaling, out.data_ptr(), torch.get_num_threads()):
         raise MemoryError("no memory for a one-token attention's scores")
+    return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """A draft's RMSNorm of contiguous float32 rows x [M, K] in one call (transformers' formula, not torch's bits)."""
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    library().rms_norm_rows(x.data_ptr(), x.shape[0], x.shape[1], weight.data_ptr(), eps, out.data_ptr())
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """A draft's silu(gate) * up of contiguous float32 rows gate_up [M, 2·I] in one call: [M, I]."""
+    out = gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
+    library().silu_mul_rows(gate_up.data_ptr(), gate_up.shape[0], out.shape[1], out.data_ptr())
     return out
 
 
