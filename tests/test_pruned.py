@@ -118,14 +118,14 @@ def test_a_quantized_draft_drafts_over_its_own_rows_of_the_set(pair, form):
     if form == "int4-dynamic" and native.library() is None:
         pytest.skip("the compiled product is not built here")
     target, draft = pair
-    int8 = formats.to_format(copy.deepcopy(draft), "int4-dynamic") if form == "int4-dynamic" \
+    quantized = formats.to_format(copy.deepcopy(draft), "int4-dynamic") if form == "int4-dynamic" \
         else quant.quantize_int8(copy.deepcopy(draft))
     if form == "int8-dynamic":
-        quant.couple_rows(int8)
-    full, pruned = ModelDrafter(int8), PrunedVocabularyDrafter(int8, KEPT)
+        quant.couple_rows(quantized)
+    full, pruned = ModelDrafter(quantized), PrunedVocabularyDrafter(quantized, KEPT)
     head = pruned.lm.model.get_output_embeddings()
     assert head.out_features == len(KEPT) and (getattr(head, "coupled", None) is not None) == (form == "int8-dynamic")
-    assert int8.get_output_embeddings().out_features == 128  # the wrapped model keeps its full head
+    assert quantized.get_output_embeddings().out_features == 128  # the wrapped model keeps its full head
     full_logits, _ = full.lm.forward(PROMPT)
     pruned_logits, _ = pruned.lm.forward(PROMPT)
     assert pruned.lm.plan is not None  # the sliced model still runs the quantized model's own forward

@@ -19,8 +19,8 @@ lossless only if the verification forward over n tokens gives, row for row, the 
 - Attention is quant.py's `rowwise_attention`; norms, rotary, activations and residual adds are row-invariant.
 
 A draft may run the same 4-bit weights faster where rows need not be bitwise one-token steps (a draft's precision
-never changes the output): `dynamic_rows(model)` makes the int4 model the int4-dynamic draft, every Linear but the
-head an `Int4DynamicLinear` on specdec's compiled product (`native.linear4`: each row quantized to int8 on the fly,
+never changes the output): `dynamic_rows(model)` makes the int4 model the int4-dynamic draft, every Linear, the
+head included, an `Int4DynamicLinear` on specdec's compiled product (`native.linear4`: each row quantized to int8 on the fly,
 exact integer sums per group, no bf16 rounding), q/k/v and gate/up each one layer, run by the model's own forward
 (`specdec.models.int8_forward`).
 
@@ -73,14 +73,23 @@ def groups_from_float(weight: torch.Tensor) -> Int4Groups:
         scale = torch.full((rows, cols // GROUP_SIZE), 2 * (3 / cols) ** 0.5 / CODE_MAX)
         return Int4Groups(codes, scale, scale * CODE_MAX / 2)
     if weight.shape[0] > CHUNK_ROWS:  # row by row alike: in chunks, each op's temporaries stay in the cache (2x faster)
-        parts = [groups_from_float(weight[start:start + CHUNK_ROWS]) for start in range(0, weight.shape[0], CHUNK_ROWS)]
-        return Int4Groups(*(torch.cat(part) for part in zip(*parts)))
+        return _by_rows(weight.shape[0], lambda rows: groups_from_float(weight[rows]))
     grouped = weight.detach().float().unflatten(-1, (-1, GROUP_SIZE))  # [rows, cols / G, G]
     low, high = grouped.amin(-1), grouped.amax(-1)  # [rows, cols / G]
     scale = (high - low) / CODE_MAX
     steps = torch.where(scale > 0, scale, 1.0)  # a constant group: every code 0, the value is its offset
     codes = torch.round((grouped - low[..., None]) / steps[..., None]).clamp_(0, CODE_MAX)
     return Int4Groups(codes.to(torch.uint8).flatten(-2), scale, -low)
+
+
+def _by_rows(count: int, groups_of: Callable[[slice], Int4Groups]) -> Int4Groups:
+    """The groups of `count` rows made CHUNK_ROWS rows at a time (`groups_of(rows)`), joined."""
+    return _joined([groups_of(slice(start, start + CHUNK_ROWS)) for start in range(0, count, CHUNK_ROWS)])
+
+
+def _joined(parts: list[Int4Groups]) -> Int4Groups:
+    """Groups of consecutive rows as one: each field concatenated."""
+    return Int4Groups(*(torch.cat(field) for field in zip(*parts)))
 
 
 def groups_from_q4_k(blocks: np.ndarray) -> Int4Groups:
@@ -194,7 +203,7 @@ def dynamic_rows(model: torch.nn.Module) -> torch.nn.Module:
     def shared(name: str, modules: list[torch.nn.Module]) -> Int4DynamicLinear:
         parts = [_groups_of(m) for m in modules]
         bias = None if modules[0].bias is None else torch.cat([m.bias for m in modules])
-        return Int4DynamicLinear(Int4Groups(*(torch.cat(p) for p in zip(*parts))), bias)
+        return Int4DynamicLinear(_joined(parts), bias)
 
     quant._share_inputs(model, shared, takes=_fits_dynamic, suffix="_int4")
     for parent in list(model.modules()):
@@ -213,10 +222,8 @@ def _fits_dynamic(module) -> bool:
 def _groups_of(layer: torch.nn.Module) -> Int4Groups:
     """An Int4Linear's groups as they are (unpacked from the kernel's layout), or an Int8Linear's weight requantized."""
     if isinstance(layer, Int8Linear):
-        codes, scale = layer.int8_weight(), layer.weight_scale
-        parts = [groups_from_float(codes[start:start + CHUNK_ROWS].float() * scale[start:start + CHUNK_ROWS, None])
-                 for start in range(0, codes.shape[0], CHUNK_ROWS)]  # no float copy of the whole weight
-        return Int4Groups(*(torch.cat(part) for part in zip(*parts)))
+        codes, scale = layer.int8_weight(), layer.weight_scale  # dequantized a chunk at a time: no whole float copy
+        return _by_rows(codes.shape[0], lambda rows: groups_from_float(codes[rows].float() * scale[rows, None]))
     packed = layer.packed.flatten()
     nibbles = torch.stack([packed & 0x0F, packed >> 4], dim=-1).flatten()  # byte * 2 + high: each code
     codes = nibbles[_packed_order(layer.out_features, layer.in_features)]  # [out * in]
