@@ -153,14 +153,32 @@ static void vector_blocks(const uint8_t *xu, int64_t M, int64_t K, const int8_t 
 /* A row's int8 scale, max(max|x| / 127, FLT_MIN) (NaN kept), and a value's code under it: round-half-even(x / scale)
    clamped to [-127, 127]; torch's float operations, one rounding each (an int8 Linear's, specdec.models.quant). */
 static inline float row_scale(const float *row, int64_t K) {
-    float amax = 0.0f;
-    for (int64_t k = 0; k < K; k++) amax = fmaxf(amax, fabsf(row[k]));
+    __m256 lanes = _mm256_setzero_ps();  /* a max is exact in any order: 8 lanes, then across them */
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) lanes = _mm256_max_ps(lanes, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(row + k)));
+    float part[8], amax = 0.0f;
+    _mm256_storeu_ps(part, lanes);
+    for (int i = 0; i < 8; i++) amax = fmaxf(amax, part[i]);
+    for (; k < K; k++) amax = fmaxf(amax, fabsf(row[k]));
     const float scale = amax / 127.0f;
     return scale >= FLT_MIN ? scale : scale != scale ? scale : FLT_MIN;
 }
 static inline float code_of(float x, float scale) {
     const float v = nearbyintf(x / scale);
     return v < -127.0f ? -127.0f : v > 127.0f ? 127.0f : v;
+}
+/* A row's codes shifted into uint8, code_of(x, scale) + 128, 8 at a time: the same division, round-half-even and
+   clamp (the compiler leaves the scalar loop unvectorized). */
+static void shifted_codes(const float *row, int64_t K, float scale, uint8_t *q) {
+    const __m256 s = _mm256_set1_ps(scale), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8) {
+        __m256 v = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(row + k), s), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        __m256i codes = _mm256_cvtps_epi32(_mm256_add_ps(_mm256_min_ps(_mm256_max_ps(v, lo), hi), _mm256_set1_ps(128.0f)));
+        __m128i words = _mm_packus_epi32(_mm256_castsi256_si128(codes), _mm256_extracti128_si256(codes, 1));
+        _mm_storel_epi64((__m128i *)(q + k), _mm_packus_epi16(words, words));
+    }
+    for (; k < K; k++) q[k] = (uint8_t)(int32_t)(code_of(row[k], scale) + 128.0f);
 }
 
 /* The 4-bit product of a draft (specdec.models.quant4.Int4DynamicLinear): w[n, k] = code * scale[n, g] - offset[n, g]
@@ -418,7 +436,7 @@ int int8_linear(const float *x, int64_t M, int64_t K, int64_t rows, int64_t Kp, 
         const float *row = x + m * K, scale = row_scale(row, K);
         xscale[m] = scale;
         uint8_t *q = xu + m * Kp;
-        for (int64_t k = 0; k < K; k++) q[k] = (uint8_t)(int32_t)(code_of(row[k], scale) + 128.0f);
+        shifted_codes(row, K, scale, q);
         for (int64_t k = K; k < Kp; k++) q[k] = 128;
     }
     memset(xu + M * Kp, 128, (rows - M) * Kp);  /* rows padding a tile: zeros (x + 128), their sums unread */
