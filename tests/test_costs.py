@@ -154,7 +154,13 @@ def test_stats_price_rounds_with_the_calibrated_costs(pair):
     result = speculative_generate(target, draft, PROMPT, k=3, max_new_tokens=24, eos_token_id=[], costs=costs)
     s, rounds = result.stats, result.rounds
     steps = sum(costs.v(len(r.draft_token_ids) + 1) + r.draft_forwards * 0.1 for r in rounds)
-    assert s.predicted_speedup == pytest.approx(s.emitted_tokens / steps)
+    assert s.rounds_speedup == pytest.approx(s.emitted_tokens / steps)
+    step = s.target_time_s / s.verify_steps  # the whole call: prefills and bookkeeping as this run paid them
+    plain = s.plain_overhead_time_s / s.plain_rounds if s.plain_rounds else 0.0
+    alone = s.prefill_time_s - s.draft_prefill_time_s + s.emitted_tokens * (step + plain)
+    ours = s.prefill_time_s + step * steps + s.overhead_time_s
+    assert s.predicted_speedup == pytest.approx(alone / ours)
+    assert 0 < s.draft_prefill_time_s < s.prefill_time_s and s.overhead_time_s > 0
     assert s.verify_cost == pytest.approx(sum(costs.v(len(r.draft_token_ids) + 1) for r in rounds) / len(rounds))
     step = s.target_time_s / sum(costs.v(len(r.draft_token_ids) + 1) for r in rounds)
     assert s.cost_ratio == pytest.approx(s.draft_time_s / sum(r.draft_forwards for r in rounds) / step)

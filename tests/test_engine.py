@@ -143,10 +143,10 @@ def test_counts_add_up_and_both_per_position_conventions_come_from_them(models):
     pooled = pooled_stats(runs, 4)
     rounds = runs[0].rounds + runs[1].rounds
     assert runs[0].stats.counts + runs[1].stats.counts == pooled.counts
+    whole_call = ("prefill_time_s", "draft_prefill_time_s", "wall_time_s", "target_forwards", "draft_forwards")
     assert pooled.counts == Counts.of(rounds, **{name: sum(getattr(r.stats, name) for r in runs) for name in
-                                                 ("prefill_time_s", "wall_time_s", "target_forwards", "draft_forwards")})
-    assert pooled == DecodeStats.from_rounds(rounds, 4, **{n: getattr(pooled, n) for n in (
-        "prefill_time_s", "wall_time_s", "target_forwards", "draft_forwards")})
+                                                 whole_call})
+    assert pooled == DecodeStats.from_rounds(rounds, 4, **{n: getattr(pooled, n) for n in whole_call})
     reached = [sum(len(r.draft_token_ids) > i and r.num_accepted >= i for r in rounds) for i in range(4)]
     accepted = [sum(r.num_accepted > i for r in rounds) for i in range(4)]
     assert pooled.reached == reached and pooled.accepted_at == accepted

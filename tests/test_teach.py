@@ -130,10 +130,11 @@ def test_waterfall_walks_from_eq1_through_the_bound_to_the_measurement():
     s = result.stats
     assert [round(x.value, 9) for x in steps[:4]] == [round(v, 9) for v in (
         s.theoretical_speedup, s.leviathan_bound,
-        theory.predicted_speedup(s.acceptance_rate, s.k, s.cost_ratio, s.verify_cost), s.predicted_speedup)]
+        theory.predicted_speedup(s.acceptance_rate, s.k, s.cost_ratio, s.verify_cost), s.rounds_speedup)]
+    assert steps[4].value == s.predicted_speedup and "predicted" in steps[4].label
     assert steps[-1].value == pytest.approx(s.tokens_per_s / baseline.stats.tokens_per_s)
     assert len(steps) == 6 and "measured" in steps[-1].label
-    assert len(cost_waterfall(result)) == 4  # without a baseline: up to the rounds as they ran
+    assert len(cost_waterfall(result)) == 5  # without a baseline: up to the prediction
     figure = handlers.waterfall_figure(steps)
     assert figure.data[0].type == "waterfall" and list(figure.data[0].measure)[-1] == "absolute"
     assert [x.value for x in theory_steps(0.8, 5, 0.0, 1.0)][:2] == pytest.approx([3.69, 3.69], abs=0.01)

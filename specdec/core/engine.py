@@ -139,7 +139,8 @@ def _generate(target_model, drafter, input_ids, schedule, max_new_tokens, temper
     verifier = CachedLM(target_model)
     drafter.reset()  # a drafter reused from an earlier request starts empty, as the verifier does
     start = clock(verifier.device)
-    prefill_time = _prefill(drafter, prompt, budget) + _prefill(verifier, prompt, budget)
+    draft_prefill_time = _prefill(drafter, prompt, budget)
+    prefill_time = draft_prefill_time + _prefill(verifier, prompt, budget)
     emitted: list[int] = []
     rounds: list[Round] = []
     stopped_early = False
@@ -157,6 +158,7 @@ def _generate(target_model, drafter, input_ids, schedule, max_new_tokens, temper
             break
     stats = DecodeStats.from_rounds(
         rounds, schedule.reported_k(rounds), costs, prefill_time_s=prefill_time,
+        draft_prefill_time_s=draft_prefill_time,
         wall_time_s=clock(verifier.device) - start - callback_s, target_forwards=verifier.forwards,
         draft_forwards=drafter.forwards)
     text = tokenizer.decode(emitted, skip_special_tokens=True) if tokenizer is not None else None

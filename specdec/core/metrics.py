@@ -57,10 +57,15 @@ METRICS = (
     Metric("Leviathan bound", "leviathan_bound", "(1 − α^(k+1)) / ((1 − α)(k·c + 1))",
            "the expected wall-time speedup of Leviathan et al. 2023 (Thm 3.8) at the run's α̂, k and c, which "
            "prices a verification forward at one target step."),
-    Metric("predicted speedup", "predicted_speedup", "emitted / Σ (v(n+1) + forwards·c)",
+    Metric("rounds speedup", "rounds_speedup", "emitted / Σ (v(n+1) + forwards·c)",
            "emitted tokens / the sum over rounds of (v(n+1) + draft forwards · c), c the calibrated one (else the "
-           "run's): the speedup the costs predict for the rounds as they ran; prefill and per-round overhead are "
-           "not in it, they are the gap to the measurement."),
+           "run's): the speedup the costs predict for the rounds as they ran, prefill and bookkeeping left out."),
+    Metric("predicted speedup", "predicted_speedup", "alone ÷ ours, priced",
+           "the whole call priced, in seconds: the target alone's prefill and one step plus a plain round's "
+           "bookkeeping per emitted token, over this run's prefill (both models), its rounds priced by the "
+           "calibrated v(n+1) and c, and its rounds' bookkeeping. The prefills and bookkeeping are the run's own "
+           "times, the forwards of the rounds the costs' prediction; the step is the run's verification time / "
+           "Σ v(n+1)."),
     Metric("measured speedup", "measured_speedup", "tokens/s ÷ tokens/s alone",
            "tokens/s of the speculative run / tokens/s of the target alone on the same prompt and length, wall time "
            "with prefill (specdec.costs.waterfall walks from tokens per target forward to it one cost at a time)."),

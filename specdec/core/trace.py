@@ -66,6 +66,10 @@ class Counts:
     target_forwards: int = 0  # all target forwards, prefill included
     draft_forwards: int = 0  # all draft forwards, prefill included
     prefill_time_s: float = 0.0  # prompt prefill of both models
+    draft_prefill_time_s: float = 0.0  # the draft's part of it
+    overhead_time_s: float = 0.0  # rounds' wall time besides their forwards: choosing, verifying, keeping
+    plain_overhead_time_s: float = 0.0  # the part of it in rounds that drafted nothing (plain target steps)
+    plain_rounds: int = 0  # rounds that drafted nothing
     wall_time_s: float = 0.0  # whole call, prefill and bookkeeping included
 
     @classmethod
@@ -89,6 +93,12 @@ class Counts:
         self.draft_time_s += round_.draft_time_s
         self.target_time_s += round_.target_time_s
         self.verify_steps += costs.v(drafted + 1) if costs else 1.0
+        overhead = max(round_.wall_time_s - round_.target_time_s - round_.draft_time_s, 0.0) \
+            if round_.wall_time_s > 0 else 0.0  # a round made by hand has no wall time: forwards only
+        self.overhead_time_s += overhead
+        if not drafted:
+            self.plain_rounds += 1
+            self.plain_overhead_time_s += overhead
         for counter in (self.reached, self.accepted_at):
             counter.extend([0] * (drafted - len(counter)))
         for i in range(min(drafted, round_.num_accepted + 1)):  # the positions this round reached
@@ -121,7 +131,8 @@ class Rates:
     tokens_per_s: float = 0.0  # emitted tokens / wall time
     theoretical_speedup: float = 1.0  # tokens per target forward (1 - alpha^(k+1)) / (1 - alpha), = k+1 at alpha = 1
     leviathan_bound: float = 1.0  # (1 - alpha^(k+1)) / ((1 - alpha)(k*c + 1)): verification = one step
-    predicted_speedup: float = 1.0  # emitted / sum of (v(n+1) + draft forwards * c) over the rounds
+    rounds_speedup: float = 1.0  # emitted / sum of (v(n+1) + draft forwards * c) over the rounds
+    predicted_speedup: float = 1.0  # the whole call priced: the rounds as above, prefill and bookkeeping on both sides
 
     @classmethod
     def of(cls, counts: Counts, k: int, draft_cost: float | None = None) -> "Rates":
@@ -145,9 +156,27 @@ class Rates:
             tokens_per_s=ratio(counts.emitted_tokens, counts.wall_time_s),
             theoretical_speedup=theory.expected_tokens_per_step(alpha, k),
             leviathan_bound=theory.leviathan_bound(alpha, k, c),
-            predicted_speedup=ratio(counts.emitted_tokens,
-                                    counts.verify_steps + counts.round_draft_forwards * priced_c),
+            rounds_speedup=ratio(counts.emitted_tokens, counts.verify_steps + counts.round_draft_forwards * priced_c),
+            predicted_speedup=_predicted(counts, priced_c),
         )
+
+
+def _predicted(counts: Counts, c: float) -> float:
+    """The whole call's speedup the costs predict: the target alone's time for the emitted tokens over this run's.
+
+    In seconds, with s = one target step (verification time / verification steps):
+    alone = target prefill + emitted · (s + b), b = a plain round's bookkeeping (its mean in this run, 0 where every
+    round drafted); ours = target prefill + draft prefill + s · (Σ v(n+1) + draft forwards · c) + the rounds'
+    bookkeeping. The forwards of the rounds are priced by the calibrated v and c; the prefills and the bookkeeping
+    are this run's own times (the same engine pays them for the target alone). Without wall times (rounds made by
+    hand) it is `rounds_speedup`."""
+    step = ratio(counts.target_time_s, counts.verify_steps)
+    target_prefill = counts.prefill_time_s - counts.draft_prefill_time_s
+    plain = ratio(counts.plain_overhead_time_s, counts.plain_rounds)
+    alone = target_prefill + counts.emitted_tokens * (step + plain)
+    ours = (counts.prefill_time_s + step * (counts.verify_steps + counts.round_draft_forwards * c)
+            + counts.overhead_time_s)
+    return ratio(alone, ours)
 
 
 @dataclass

@@ -35,7 +35,7 @@ from specdec.core.inputs import unwrap, vocab_size
 from specdec.core.limits import K_AUTO_MAX, Budget
 from specdec.core.timing import interleaved, medians, warm_up
 from specdec.models import cache
-from specdec.models.formats import METHOD, format_of
+from specdec.models.formats import METHOD as FORMATS_METHOD, format_of
 from specdec.models.quant import kernel_path
 from specdec.models.speed import set_rows_first
 
@@ -190,7 +190,8 @@ def _drafter_identity(drafter: Drafter) -> str:
 def _key(kind: str, device: str, *parts) -> str:
     """A cache file's name: `kind` and a hash of `parts`, the hardware (CPU model and flags, threads, GPU, torch),
     and the int8 kernel path measured (`quant.kernel_path`) and what the formats are (`formats.METHOD`)."""
-    machine = json.dumps({**hardware.describe(device), "int8_kernel": kernel_path(), "formats": METHOD}, sort_keys=True)
+    machine = json.dumps({**hardware.describe(device), "int8_kernel": kernel_path(), "formats": FORMATS_METHOD},
+                         sort_keys=True)
     text = "|".join(map(str, (kind, *parts, machine)))
     return f"{kind}-{hashlib.sha256(text.encode()).hexdigest()[:20]}"
 

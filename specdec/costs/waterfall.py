@@ -7,11 +7,13 @@ ignored (definitions in `specdec.core.metrics`):
    verification are free;
 2. / (1 + k*c): each round also pays k draft steps (Leviathan's bound, Thm 3.8);
 3. * (1 + k*c) / (v(k+1) + k*c): the verification forward costs v(k+1) one-token steps, not one;
-4. the rounds as they ran: emitted tokens / sum of (v(n+1) + draft forwards * c) (`predicted_speedup`),
+4. the rounds as they ran: emitted tokens / sum of (v(n+1) + draft forwards * c) (`rounds_speedup`),
    i.e. the real accepted lengths and draft lengths instead of Eq. 1's geometric law;
-5. + prefill: both runs also read the prompt once (times measured in this run and its baseline);
-6. measured: tokens/s / tokens/s of the target alone; the step from 5 is the remaining per-round overhead
-   (sampling, cache bookkeeping, Python) that no cost above prices.
+5. + prefill and bookkeeping = predicted: both runs also read the prompt (this run's draft too) and keep each
+   round's books (`predicted_speedup`: this run's own times, a plain round's bookkeeping per token for the target
+   alone);
+6. measured: tokens/s / tokens/s of the target alone; the step from 5 is what the costs mispriced (v and c against
+   this run's forwards, the plain round's bookkeeping).
 
 `theory_steps` gives steps 1-3 for chosen alpha, k, c and v (the theory tab).
 """
@@ -20,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specdec.core import theory
-from specdec.core.trace import GenerationResult, measured_speedup, ratio
+from specdec.core.trace import GenerationResult, measured_speedup
 
 
 @dataclass(frozen=True)
@@ -46,21 +48,16 @@ def theory_steps(alpha: float, k: int, c: float, v: float) -> list[Step]:
 
 def cost_waterfall(result: GenerationResult, baseline: GenerationResult | None = None) -> list[Step]:
     """The steps from Eq. 1 to the measurement for `result` (its stats carry alpha-hat, k, c, v and the
-    prediction); the prefill and measured steps need `baseline`, the target alone on the same prompt."""
+    prediction); the measured step needs `baseline`, the target alone on the same prompt."""
     s = result.stats
     steps = theory_steps(s.acceptance_rate, s.k, s.cost_ratio, s.verify_cost)
-    steps.append(Step("the rounds as they ran = predicted", s.predicted_speedup,
+    steps.append(Step("the rounds as they ran", s.rounds_speedup,
                       "emitted tokens / Σ over rounds of (v(n+1) + draft forwards·c): real accepted lengths"))
+    steps.append(Step("+ prefill and bookkeeping = predicted", s.predicted_speedup,
+                      f"prefill {s.prefill_time_s * 1e3:.0f} ms (the draft's {s.draft_prefill_time_s * 1e3:.0f}), "
+                      f"bookkeeping {s.overhead_time_s * 1e3:.0f} ms over {s.rounds} rounds"))
     if baseline is None or not result.token_ids:
         return steps
-    b = baseline.stats
-    step_s = ratio(b.target_time_s, b.rounds)  # one target step, measured by the target alone
-    alone = len(result.token_ids) * step_s  # the target alone's decode of as many tokens, in seconds
-    ours = ratio(alone, s.predicted_speedup)  # the speculative decode the costs predict, in seconds
-    with_prefill = ratio(alone + b.prefill_time_s, ours + s.prefill_time_s)
-    steps.append(Step("+ prefill", with_prefill,
-                      f"prefill {s.prefill_time_s * 1e3:.0f} ms here, {b.prefill_time_s * 1e3:.0f} ms for the "
-                      "target alone"))
-    steps.append(Step("− overhead = measured", measured_speedup(s, b),
-                      "tokens/s ÷ tokens/s of the target alone; the step is sampling, cache bookkeeping, Python"))
+    steps.append(Step("measured", measured_speedup(s, baseline.stats),
+                      "tokens/s ÷ tokens/s of the target alone; the step is what the costs mispriced"))
     return steps
