@@ -3,6 +3,8 @@ row-invariant target's and the coupled draft's, its logits bitwise the model's o
 steps, verification-sized forwards, rollbacks and cache growth (a draft's one-token steps, attending in one
 compiled call, within float rounding); every other model, a lever's cache class or SPECDEC_TRANSFORMERS_FORWARD=1
 runs the model's forward."""
+import functools
+
 import pytest
 import torch
 
@@ -78,8 +80,10 @@ def test_a_drafts_one_token_step_runs_compiled_calls_within_rounding_of_the_torc
     model = int8_model("qwen2", form)
     fused, plain = CachedLM(model), CachedLM(model)
     plain.plan = int8_forward.Plan(**{**vars(plain.plan), "fused": False})
-    calls, original = [], native.attend_one
-    monkeypatch.setattr(native, "attend_one", lambda *args: calls.append(1) or original(*args))
+    calls = []
+    for name in ("attend_one", "draft_layer"):  # a 4-bit draft's whole layer is one call, which attends inside
+        monkeypatch.setattr(native, name, functools.partial(lambda f, *args: calls.append(1) or f(*args),
+                                                            getattr(native, name)))
     for lm in (fused, plain):
         lm.forward(CONTEXT)
     for token in range(14, 40):
@@ -91,6 +95,26 @@ def test_a_drafts_one_token_step_runs_compiled_calls_within_rounding_of_the_torc
     for layer in range(len(fused.plan.layers)):
         assert within_rounding(fused.cache.keys[layer][..., :end, :], plain.cache.keys[layer][..., :end, :])
         assert within_rounding(fused.cache.values[layer][..., :end, :], plain.cache.values[layer][..., :end, :])
+
+
+@pytest.mark.skipif(native.library() is None, reason="the compiled product is not built here")
+def test_a_4bit_drafts_layer_in_one_call_is_bitwise_its_step_call_by_call():
+    """A 4-bit draft runs each layer of a one-token step as one compiled call (`native.draft_layer`), the same calls
+    in the same order inside as the step made one by one from Python: the same logits and keys/values, bit for bit.
+    Another draft form has no such call."""
+    assert not CachedLM(int8_model("qwen2", "int8-dynamic")).plan.layers4
+    model = int8_model("qwen2", "int4-dynamic")
+    whole, by_call = CachedLM(model), CachedLM(model)
+    assert len(whole.plan.layers4) == len(whole.plan.layers)
+    by_call.plan = int8_forward.Plan(**{**vars(by_call.plan), "layers4": ()})
+    for lm in (whole, by_call):
+        lm.forward(CONTEXT)
+    for token in range(14, 30):
+        assert torch.equal(whole.forward([token])[0], by_call.forward([token])[0])
+    end = whole.cache.length
+    for layer in range(len(whole.plan.layers)):
+        assert torch.equal(whole.cache.keys[layer][..., :end, :], by_call.cache.keys[layer][..., :end, :])
+        assert torch.equal(whole.cache.values[layer][..., :end, :], by_call.cache.values[layer][..., :end, :])
 
 
 def test_other_models_a_cache_lever_and_the_switch_run_transformers_forward(monkeypatch):

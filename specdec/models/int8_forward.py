@@ -11,7 +11,8 @@ called as transformers calls it. The logits are bitwise the model's own forward'
 only sooner (docs/performance.md, "Each int8 model's own forward"), but for a draft's one-token steps: a draft's
 precision never changes the output, so there each norm, the rotary with the key/value write and the attention, and
 the gated product are one compiled call each (`native`: the same formulas within float rounding, without a dozen
-small ops around each).
+small ops around each), and where all four of a layer's products are 4-bit the whole layer is one call
+(`native.draft_layer`: those calls in the same order, bit for bit, without the calls from Python between them).
 
 CachedLM runs it wherever `specdec.models.quant` marked the model (`specdec.core.kv.DECODER_FLAG`: the int8 target
 with its row-by-row attention, a coupled draft with sdpa's) and this module knows the layout: DECODER_TYPES, full
@@ -106,6 +107,7 @@ class Plan:
     intermediate: int  # I
     attention: Attention  # the one the model is configured with (`sdpa_attention`, or the int8 target's row by row)
     fused: bool = False  # a draft's: one-token steps run norms, attention and the gated product compiled (`native`)
+    layers4: tuple = ()  # a 4-bit draft's, per layer: what `native.draft_layer` reads (its one-token step in one call)
 
     def new_cache(self) -> Cache:
         return Cache(len(self.layers))
@@ -142,6 +144,12 @@ class Plan:
     def _fused_step(self, layer: Layer, index: int, hidden, cos, sin, cache: Cache) -> torch.Tensor:
         """A draft's one-token step through one layer, hidden [1, d]: the same formulas, each norm, the attention
         and the gated product one compiled call (`native`), so float rounding differs from `_layer`'s."""
+        if self.layers4:  # every product 4-bit: the whole layer in one call, the same calls inside
+            norms, weights, like = self.layers4[index]
+            keys, values = cache.reserve(index, like)  # [1, H_kv, capacity, D]
+            native.draft_layer(hidden, norms, weights, cos[0, 0], sin[0, 0], keys, values, cache.length, self.heads,
+                               self.scaling)
+            return hidden
         qkv = layer.qkv(native.rms_norm(hidden, layer.norm, layer.norm_eps))  # [1, (H + 2·H_kv)·D]
         keys, values = cache.reserve(index, qkv.view(1, -1, 1, self.head_dim)[:, :self.kv_heads])  # [1, H_kv, cap, D]
         out = native.attend_one(qkv[0], cos[0, 0], sin[0, 0], keys, values, cache.length, self.heads, self.scaling)
@@ -197,16 +205,31 @@ def decoder_for(model: torch.nn.Module, attention: Attention) -> Plan | None:
         layers = tuple(_layer_of(layer) for layer in base.layers[:config.num_hidden_layers])
         head = _weight(model.get_output_embeddings())
         first = base.layers[0].self_attn  # every layer's head size and scale are the first one's
+        fused = attention is sdpa_attention and native.library() is not None
         return Plan(model, layers, base.norm.weight, base.norm.variance_epsilon, head,
                     config.num_attention_heads, config.num_key_value_heads, first.head_dim,
-                    first.scaling, config.intermediate_size, attention,
-                    fused=attention is sdpa_attention and native.library() is not None)
+                    first.scaling, config.intermediate_size, attention, fused=fused,
+                    layers4=_layers4(layers, config.num_key_value_heads, first.head_dim) if fused else ())
     except (AttributeError, LayoutError):
         return None
 
 
 class LayoutError(Exception):
     """A module is not laid out as `Plan.forward` reads it."""
+
+
+def _layers4(layers: tuple[Layer, ...], kv_heads: int, head_dim: int) -> tuple:
+    """Per layer, what `native.draft_layer` reads (norms, `native.weight4` of its four products, a key's shape and
+    type), where every product of every layer is a 4-bit draft's; else ()."""
+    like = torch.empty(1, kv_heads, 1, head_dim)
+    found = []
+    for layer in layers:
+        owners = [getattr(linear, "__self__", None) for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        if not all(isinstance(getattr(owner, "packed", None), native.Packed4) for owner in owners):
+            return ()
+        found.append(((layer.norm, layer.norm_eps, layer.post_norm, layer.post_norm_eps),
+                      tuple(native.weight4(owner.packed, owner.bias) for owner in owners), like))
+    return tuple(found)
 
 
 def _layer_of(layer: torch.nn.Module) -> Layer:

@@ -72,6 +72,19 @@ class Packed(NamedTuple):
     in_features: int  # K
 
 
+class Weight4(ctypes.Structure):
+    """A 4-bit weight as the source's draft_layer reads it (`weight4`): a Packed4's blocks and scales, its bias."""
+
+    _fields_ = [("blocks", ctypes.c_void_p), ("scales", ctypes.c_void_p), ("bias", ctypes.c_void_p),
+                ("out", ctypes.c_int64), ("in_", ctypes.c_int64)]
+
+
+def weight4(packed: Packed4, bias: torch.Tensor | None) -> Weight4:
+    """`packed` and `bias` for `draft_layer` (the tensors must outlive it: the layer that holds them does)."""
+    return Weight4(packed.blocks.data_ptr(), packed.scales.data_ptr(), None if bias is None else bias.data_ptr(),
+                   packed.out_features, packed.in_features)
+
+
 def compiler() -> str | None:
     """The C compiler to build with ($CC, else cc or gcc on the PATH), or None."""
     return next((c for c in (os.environ.get("CC"), "cc", "gcc") if c and shutil.which(c)), None)
@@ -111,6 +124,12 @@ def library() -> ctypes.CDLL | None:
     lib.rms_norm_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_float,
                                   ctypes.c_void_p]
     lib.silu_mul_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    weight = ctypes.POINTER(Weight4)
+    lib.draft_layer.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p,
+                                ctypes.c_float, weight, weight, weight, weight, ctypes.c_void_p, ctypes.c_void_p,
+                                ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                                ctypes.c_int64, ctypes.c_int64, ctypes.c_float, ctypes.c_int]
+    lib.draft_layer.restype = ctypes.c_int
     return lib
 
 
@@ -279,6 +298,22 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     out = torch.empty_like(x)
     library().rms_norm_rows(x.data_ptr(), x.shape[0], x.shape[1], weight.data_ptr(), eps, out.data_ptr())
     return out
+
+
+def draft_layer(hidden: torch.Tensor, norms: tuple[torch.Tensor, float, torch.Tensor, float],
+                weights: tuple[Weight4, Weight4, Weight4, Weight4], cos: torch.Tensor, sin: torch.Tensor,
+                keys: torch.Tensor, values: torch.Tensor, past: int, heads: int, scaling: float) -> None:
+    """A draft's one-token step through a decoder layer whose q/k/v, o, gate/up and down weights are 4-bit, in one
+    call (the source's draft_layer): hidden [1, d] (contiguous float32) updated in place, the new key and value
+    written at `past` in keys and values [1, H_kv, capacity, D]. norms: (input norm weight, eps, post-attention
+    norm weight, eps); weights: `weight4` of q/k/v, o, gate/up, down; cos and sin [D] at the token's position."""
+    norm, eps, post_norm, post_eps = norms
+    kv_heads, capacity, dim = keys.shape[1:]
+    if library().draft_layer(hidden.data_ptr(), hidden.shape[-1], norm.data_ptr(), eps, post_norm.data_ptr(),
+                             post_eps, *(ctypes.byref(w) for w in weights), cos.data_ptr(), sin.data_ptr(),
+                             keys.data_ptr(), values.data_ptr(), capacity, past, heads, kv_heads, dim, scaling,
+                             torch.get_num_threads()):
+        raise MemoryError("no memory for a draft layer's scratch")
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
