@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from specdec import autoregressive_generate, speculative_generate
-from specdec.core import theory
+from specdec.core import engine, theory
 from specdec.drafters import Drafter, ModelDrafter
 from specdec.testing import ARCHITECTURES, perturbed_copy, tiny_model
 
@@ -368,3 +368,15 @@ def test_k_auto_prices_a_draft_forward_apart_from_a_probes_catch_up():
     assert controller.missed == 8
     controller.observe(synthetic_round(1, 1, draft_time=0.03 * costs.v(9), target_time=0.1 * costs.v(2)))
     assert controller.prices.draft == pytest.approx(0.03)
+
+
+def test_each_rounds_top_two_target_logits_are_topks_and_the_logits_stay_as_they_were():
+    logits = torch.randn(9, 1000)
+    logits[3] = float("-inf")
+    logits[3, 7] = 1.0  # one finite logit: the second largest is a -inf one
+    before = logits.clone()
+    ids, values = engine._top(logits)
+    assert torch.equal(logits, before)
+    top = before.topk(2, dim=-1)
+    assert [row[0] for row in ids] == top.indices[:, 0].tolist() and values == top.values.tolist()
+    assert all(row[0] != row[1] for row in ids)

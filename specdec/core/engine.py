@@ -187,7 +187,7 @@ def _round(verifier: CachedLM, drafter: Drafter, context: list[int], n: int,
     p_target = policy.probs(target_logits[:len(drafts)] if policy.greedy else target_logits)
     p_draft = proposal.draft_distributions(policy.vocab_size)  # [len(drafts), V]
     verdict = _verify(drafts, target_logits, p_draft, p_target, policy)
-    top = target_logits.topk(min(TOP_KEPT, target_logits.shape[-1]), dim=-1)  # values, indices: [n+1, 2]
+    top_ids, top_logits = _top(target_logits)  # [n+1, 2] each
     rows = torch.arange(len(drafts))
     ids = torch.tensor(drafts, dtype=torch.long)
     return Round(
@@ -202,12 +202,27 @@ def _round(verifier: CachedLM, drafter: Drafter, context: list[int], n: int,
         target_time_s=target_time,
         draft_forwards=proposal.forwards,
         k=n,
-        target_top_ids=top.indices.tolist(),
-        target_top_logits=top.values.tolist(),
+        target_top_ids=top_ids,
+        target_top_logits=top_logits,
         draft_source=proposal.source if drafts else "",
         uniforms=list(verdict.uniforms),
         wall_time_s=clock(verifier.device) - start,
     )
+
+
+def _top(logits: torch.Tensor) -> tuple[list[list[int]], list[list[float]]]:
+    """The ids and logits of each row's TOP_KEPT largest logits [rows, V], largest first: a row's max, then its max
+    with the ones found masked (a max over a 152k row is 3x sooner than topk here); `logits` is left as it was."""
+    rows, found = torch.arange(logits.shape[0]), []
+    with torch.inference_mode():  # the logits come from an inference-mode forward: written in place only there
+        for _ in range(min(TOP_KEPT, logits.shape[-1])):
+            best = logits.max(dim=-1)
+            found.append(best)
+            logits[rows, best.indices] = float("-inf")
+        for best in reversed(found):  # the first found last: a later max can land on a masked place (all -inf)
+            logits[rows, best.indices] = best.values
+    ids, values = (torch.stack([getattr(b, name) for b in found], dim=-1).tolist() for name in ("indices", "values"))
+    return ids, values
 
 
 def _verify(drafts, target_logits, p_draft, p_target, policy: SamplingPolicy) -> Verdict:
