@@ -88,6 +88,23 @@ def test_hybrid_greedy_output_is_the_target_alone(pair, noise, sources):
     assert {r.draft_source for r in result.rounds} >= sources
 
 
+def test_k_auto_verifies_free_copies_in_rounds_it_gives_the_model_none(pair):
+    """A draft that never passes sends k = "auto" to plain steps; where the output repeats, the hybrid's prompt lookup
+    still proposes copies there (copy rounds: no model forward), and the output is the target alone's."""
+    target = pair[0]
+    useless = tiny_model("llama", seed=9)
+    loop = [5, 6, 7, 8, 9, 10, 11, 12] * 3
+    alone = autoregressive_generate(target, loop, max_new_tokens=40, eos_token_id=[])
+    result = speculative_generate(target, HybridDrafter(ModelDrafter(useless)), loop, k="auto", max_new_tokens=40,
+                                  eos_token_id=[])
+    assert result.token_ids == alone.token_ids
+    copies = [r for r in result.rounds if r.draft_source == "copy"]
+    assert copies and all(r.draft_forwards == 0 and r.k == len(r.draft_token_ids) > 0 for r in copies)
+    fixed = speculative_generate(target, HybridDrafter(ModelDrafter(useless)), loop, k=2, max_new_tokens=40,
+                                 eos_token_id=[])
+    assert "copy" not in {r.draft_source for r in fixed.rounds}  # a fixed k never adds copy rounds
+
+
 def test_hybrid_sampling_keeps_the_target_law():
     from test_sampling import PROMPT
     target = tiny_model("llama", seed=3, vocab_size=48)

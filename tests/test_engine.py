@@ -241,6 +241,29 @@ def test_k_auto_prices_verification_with_the_calibrated_curve():
     assert best_steep < controllers["flat"].next_k()
 
 
+def test_copy_rounds_are_priced_from_their_own_rates_and_leave_the_models_alone():
+    """A copy (prompt lookup in a round given no model drafts) is verified as far as its own rates say it pays; its
+    rounds never move the model's rates, and count for the model as time without drafting."""
+    from specdec.core.schedule import AdaptiveK, FixedK
+    from specdec.core.trace import COPY
+    assert FixedK(4).copy_k(8) == 0
+    controller = AdaptiveK()
+    assert controller.copy_k(8) == 0  # nothing observed yet
+    controller.observe(synthetic_round(4, 0, draft_time=0.4, target_time=1.0))  # the model missed
+    reached, accepted = list(controller.reached), list(controller.accepted)
+    assert controller.copy_k(8) == 8 and controller.copy_k(3) == 3 and controller.copy_k(0) == 0  # Laplace's 1/2, v = 1
+    passed, failed = AdaptiveK(), AdaptiveK()
+    for controller_, accepted_ in ((passed, 6), (failed, 0)):
+        controller_.observe(synthetic_round(4, 0, draft_time=0.4, target_time=1.0))
+        for _ in range(6):
+            copy = synthetic_round(6, accepted_, draft_time=0.0, target_time=1.0)
+            copy.draft_source, copy.emitted_token_ids = COPY, [0] * (accepted_ + 1)
+            controller_.observe(copy)
+        assert controller_.reached == reached and controller_.accepted == accepted
+        assert controller_.missed == 6 * (accepted_ + 1)
+    assert passed.copy_k(8) >= 6 and failed.copy_k(8) == 0
+
+
 def ks_chosen_when_nothing_passes(rounds: int) -> list[int]:
     """The k a fresh controller picks over `rounds` rounds in which no draft passes and each costs 0.3 steps."""
     from specdec.core.schedule import AdaptiveK

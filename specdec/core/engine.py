@@ -15,6 +15,7 @@ so a page can show them one by one without a thread of its own.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Callable, Generator
 
 import torch
@@ -146,8 +147,10 @@ def _generate(target_model, drafter, input_ids, schedule, max_new_tokens, temper
     stopped_early = False
     callback_s = 0.0  # time the consumer held a round (on_round, page rendering): never part of the measurement
     while len(emitted) < max_new_tokens and not (emitted and emitted[-1] in eos):
-        n = min(schedule.next_k(), max_new_tokens - len(emitted) - 1)  # leave room for the target's token
-        round_ = _round(verifier, drafter, prompt + emitted, n, policy, eos)
+        room = max_new_tokens - len(emitted) - 1  # leave room for the target's token
+        n = min(schedule.next_k(), room)
+        copied = _copy(drafter, schedule, prompt + emitted, room) if n == 0 else None
+        round_ = _round(verifier, drafter, prompt + emitted, n, policy, eos, copied)
         schedule.observe(round_)
         rounds.append(round_)
         emitted.extend(round_.emitted_token_ids)
@@ -175,10 +178,24 @@ def _prefill(reader, prompt: list[int], budget: Budget) -> float:
     return seconds
 
 
+def _copy(drafter: Drafter, schedule, context: list[int], room: int) -> Proposal | None:
+    """A free copy for a round the schedule gave no drafts: the drafter's copy (a hybrid's prompt lookup, no model
+    forward), as long as the schedule prices worth verifying (`copy_k`); None where there is none."""
+    copy = getattr(drafter, "copy", None)
+    if copy is None or room <= 0:
+        return None
+    proposal = copy(context, min(room, schedule.k_max))
+    k = schedule.copy_k(len(proposal.token_ids))
+    return replace(proposal, token_ids=proposal.token_ids[:k]) if k else None
+
+
 def _round(verifier: CachedLM, drafter: Drafter, context: list[int], n: int,
-           policy: SamplingPolicy, eos: set[int]) -> Round:
+           policy: SamplingPolicy, eos: set[int], copied: Proposal | None = None) -> Round:
     start = clock(verifier.device)
-    proposal = drafter.propose(context, n, policy) if n > 0 else Proposal([], None)
+    if copied is not None:
+        proposal, n = copied, len(copied.token_ids)
+    else:
+        proposal = drafter.propose(context, n, policy) if n > 0 else Proposal([], None)
     drafts = proposal.token_ids
     # target_logits: [len(drafts)+1, V], row i = next-token logits after context + drafts[:i]
     target_logits, target_time = verifier.forward(verifier.pending(context) + drafts,

@@ -27,6 +27,11 @@ the looking for good), and while fewer than EVIDENCE draft positions have been j
 it looks again after LOOK_UNSURE plain steps, or at once after a look whose drafts all passed. Until a round has
 been observed, k = K_AUTO_START.
 
+A round given no model drafts may still verify a copy: where the drafter copies for free (a hybrid's prompt
+lookup, `copy`), the engine asks `copy_k` how many of the copied tokens to verify, priced like a draft round without
+draft forwards, from the copy rounds' own per-position rates (kept apart from the model's; Laplace's 1/2 before
+any); such a copy round counts for the model as time without drafting.
+
 k is the most a round drafts: under greedy decoding a model draft ends its proposal after a token it gives less
 than STOP_BELOW probability (an unsure token rarely passes, and the ones drafted after it pass less often still:
 the confidence stop of Hugging Face's assisted generation). A fixed k always drafts k.
@@ -38,7 +43,7 @@ from dataclasses import dataclass, field
 from specdec.core import theory
 from specdec.core.costmodel import CostModel
 from specdec.core.limits import K_AUTO_MAX, K_AUTO_START
-from specdec.core.trace import Round
+from specdec.core.trace import COPY, Round
 
 DECAY = 0.9  # weight of the past per round: about the last 10 rounds decide
 PRIOR_ROUNDS = 1.0  # pseudo-rounds at the pooled acceptance rate added to every position
@@ -66,6 +71,9 @@ class FixedK:
 
     def reported_k(self, rounds: list[Round]) -> int:
         return self.k
+
+    def copy_k(self, available: int) -> int:
+        return 0  # a fixed k never adds copy rounds
 
     def observe(self, round_: Round) -> None:
         pass
@@ -97,6 +105,8 @@ class AdaptiveK:
         self.stop_below = STOP_BELOW  # a round's drafting ends after a token the draft is this unsure of
         self.reached = [0.0] * k_max  # decayed count of rounds that reached draft position i
         self.accepted = [0.0] * k_max  # decayed count of rounds that accepted it
+        self.copy_reached = [0.0] * k_max  # the same for copy rounds' position i (a source of its own)
+        self.copy_accepted = [0.0] * k_max
         self.plain_s = 0.0  # seconds of plain steps (k = 0) since the draft last drafted
         self.missed = 0  # tokens emitted since the draft last drafted: its catch-up at the next probe
         self.passed = False  # whether every draft of the last round that drafted passed
@@ -127,18 +137,29 @@ class AdaptiveK:
         The first position is shrunk towards the pooled rate (Laplace: 1/2 before any data). A position the
         controller has not drafted lately thus inherits the rate of the one before it, so after rounds that
         accepted everything a longer k is predicted to pay, and tried."""
-        prior = (sum(self.accepted) + 1.0) / (sum(self.reached) + 2.0)
-        rates = []
-        for accepted, reached in zip(self.accepted, self.reached):
-            prior = (accepted + PRIOR_ROUNDS * prior) / (reached + PRIOR_ROUNDS)
-            rates.append(prior)
-        return rates
+        return _shrunk_rates(self.accepted, self.reached)
+
+    def copy_k(self, available: int) -> int:
+        """How many of `available` copied tokens (prompt lookup, no model forward) a round the controller gave no
+        model drafts verifies: the j in 0..available with the most predicted tokens per second, a copy of j priced
+        step·v(j+1) + base against a plain step's step + base, from the copy rounds' own rates (0 unless j beats
+        the plain step by MARGIN). A copy is free to draft but not to verify: a failed one costs v(j+1) - 1 steps."""
+        if available == 0 or self.observed == 0:
+            return 0
+        rates = _shrunk_rates(self.copy_accepted, self.copy_reached)[:available]
+        speeds = [e / (self._price("step") * self._v(j + 1) + self._price("base"))
+                  for j, e in enumerate(theory.tokens_per_round_by_k(rates))]
+        best = max(range(len(speeds)), key=lambda j: (speeds[j], -j))
+        return best if speeds[best] >= speeds[0] * (1.0 + MARGIN) else 0
 
     def reported_k(self, rounds: list[Round]) -> int:
         return mean_draft_length(rounds)
 
     def observe(self, round_: Round) -> None:
         self.observed += 1
+        if round_.draft_source == COPY:
+            self._observe_copy(round_)
+            return
         drafted = len(round_.draft_token_ids)
         caught_up = self.missed if drafted else 0  # tokens the round's first draft forward read besides its own
         if drafted:  # a plain step says nothing of the draft: what was learnt is not forgotten meanwhile
@@ -153,6 +174,20 @@ class AdaptiveK:
             self.reached[i] += 1.0
             self.accepted[i] += i < round_.num_accepted
         self._observe_prices(round_, drafted, caught_up)
+
+    def _observe_copy(self, round_: Round) -> None:
+        """A copy round: its positions counted apart (the copy's own rates), the target step priced; for the model
+        it is time without drafting, as plain steps are (its catch-up grows by the tokens emitted)."""
+        drafted = len(round_.draft_token_ids)
+        self.copy_reached = [x * DECAY for x in self.copy_reached]
+        self.copy_accepted = [x * DECAY for x in self.copy_accepted]
+        for i in range(min(drafted, round_.num_accepted + 1, self.k_max)):
+            self.copy_reached[i] += 1.0
+            self.copy_accepted[i] += i < round_.num_accepted
+        self.plain_s += round_.wall_time_s or round_.target_time_s
+        self.missed += len(round_.emitted_token_ids)
+        if round_.target_time_s > 0:
+            self.prices.add("step", round_.target_time_s / self._v(drafted + 1))
 
     def _observe_prices(self, round_: Round, drafted: int, caught_up: int) -> None:
         if round_.target_time_s > 0:
@@ -186,3 +221,14 @@ class AdaptiveK:
 
     def _v(self, n: int) -> float:
         return self.costs.v(n) if self.costs else 1.0
+
+
+def _shrunk_rates(accepted: list[float], reached: list[float]) -> list[float]:
+    """`AdaptiveK.position_rates` of decayed counts: each position's accepted / reached shrunk by PRIOR_ROUNDS
+    towards the one before it, the first towards the pooled rate (Laplace: 1/2 before any data)."""
+    prior = (sum(accepted) + 1.0) / (sum(reached) + 2.0)
+    rates = []
+    for accepted_i, reached_i in zip(accepted, reached):
+        prior = (accepted_i + PRIOR_ROUNDS * prior) / (reached_i + PRIOR_ROUNDS)
+        rates.append(prior)
+    return rates

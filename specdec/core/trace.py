@@ -17,6 +17,9 @@ from specdec.core import theory
 from specdec.core.costmodel import CostModel
 
 
+COPY = "copy"  # the draft source of a copy round: prompt lookup in a round the k="auto" controller gave no model drafts
+
+
 @dataclass
 class Round:
     """One draft-then-verify round."""
@@ -34,7 +37,8 @@ class Round:
     k: int = 0  # draft length asked for this round (k="auto" chooses it per round; 0 = a plain target step)
     target_top_ids: list[list[int]] = field(default_factory=list)  # per verification row: the target's top-2 ids
     target_top_logits: list[list[float]] = field(default_factory=list)  # per row: their logits (explains near-ties)
-    draft_source: str = ""  # which drafter proposed: "model", "lookup", "model+lookup" ("" when nothing proposed)
+    draft_source: str = ""  # which drafter proposed: "model", "lookup", "model+lookup", "copy" (prompt lookup in a
+    # round the k="auto" controller gave no model drafts), "" when nothing was proposed
     uniforms: list[float] = field(default_factory=list)  # sampling: u per drafted position, kept iff u < min(1, p_target/p_draft)
     wall_time_s: float = 0.0  # wall time of the whole round: its forwards plus choosing, verifying and keeping
 
