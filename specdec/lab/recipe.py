@@ -89,7 +89,7 @@ class Row:
     acceptance_rate: float  # α̂ pooled over prompts (accepted / (accepted + rejections)); nan for the target alone
     mean_accepted_length: float  # tokens per target forward, pooled (incl. the target's token)
     cost_ratio: float  # c = one draft forward / one target step, measured in this run
-    predicted_speedup: float  # emitted tokens / rounds priced by the calibrated v(n) and c
+    predicted_speedup: float  # the whole call priced by the calibrated v(n) and c (DecodeStats.predicted_speedup)
     measured_speedup: float  # tokens/s of this row / tokens/s of the target alone (pooled)
     ms_per_token: float  # pooled wall time per emitted token
     identical_outputs: str  # "n/N" prompts whose greedy output equals the target alone's

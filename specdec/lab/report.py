@@ -14,7 +14,7 @@ STAT_LINES = (  # (field, label, format)
     ("verify_cost", "verification cost v(k+1) in target steps (1 = Leviathan's assumption)", "{:.2f}"),
     ("theoretical_speedup", "tokens per target forward (1-α^(k+1))/(1-α)", "{:.2f}"),
     ("leviathan_bound", "Leviathan bound (1-α^(k+1))/((1-α)(kc+1)), verification = 1 step", "{:.2f}"),
-    ("rounds_speedup", "rounds priced tokens/(v(n+1)+forwards·c), prefill and bookkeeping left out", "{:.2f}"),
+    ("rounds_speedup", "speedup of the rounds tokens/(v(n+1)+forwards·c), prefill and bookkeeping left out", "{:.2f}"),
     ("predicted_speedup", "predicted speedup, prefill and bookkeeping included", "{:.2f}"),
     ("tokens_per_s", "tokens/s", "{:.2f}"),
     ("wall_time_s", "wall time (s)", "{:.2f}"),
