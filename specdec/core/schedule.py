@@ -163,41 +163,36 @@ class AdaptiveK:
         drafted = len(round_.draft_token_ids)
         caught_up = self.missed if drafted else 0  # tokens the round's first draft forward read besides its own
         if drafted:  # a plain step says nothing of the draft: what was learnt is not forgotten meanwhile
-            self.reached = [x * DECAY for x in self.reached]
-            self.accepted = [x * DECAY for x in self.accepted]
+            self.reached, self.accepted = _counted(self.reached, self.accepted, round_)
             self.plain_s, self.missed = 0.0, 0
             self.passed = round_.num_accepted >= drafted
         else:
             self.plain_s += round_.wall_time_s or round_.target_time_s
             self.missed += 1  # a plain step emits one token
-        for i in range(min(drafted, round_.num_accepted + 1, self.k_max)):
-            self.reached[i] += 1.0
-            self.accepted[i] += i < round_.num_accepted
-        self._observe_prices(round_, drafted, caught_up)
+        self._observe_step(round_, drafted)
+        self._observe_prices(round_, caught_up)
 
     def _observe_copy(self, round_: Round) -> None:
         """A copy round: its positions counted apart (the copy's own rates), the target step priced; for the model
         it is time without drafting, as plain steps are (its catch-up grows by the tokens emitted)."""
-        drafted = len(round_.draft_token_ids)
-        self.copy_reached = [x * DECAY for x in self.copy_reached]
-        self.copy_accepted = [x * DECAY for x in self.copy_accepted]
-        for i in range(min(drafted, round_.num_accepted + 1, self.k_max)):
-            self.copy_reached[i] += 1.0
-            self.copy_accepted[i] += i < round_.num_accepted
+        self.copy_reached, self.copy_accepted = _counted(self.copy_reached, self.copy_accepted, round_)
         self.plain_s += round_.wall_time_s or round_.target_time_s
         self.missed += len(round_.emitted_token_ids)
+        self._observe_step(round_, len(round_.draft_token_ids))
+
+    def _observe_step(self, round_: Round, drafted: int) -> None:
         if round_.target_time_s > 0:
             self.prices.add("step", round_.target_time_s / self._v(drafted + 1))
 
-    def _observe_prices(self, round_: Round, drafted: int, caught_up: int) -> None:
-        if round_.target_time_s > 0:
-            self.prices.add("step", round_.target_time_s / self._v(drafted + 1))
+    def _observe_prices(self, round_: Round, caught_up: int) -> None:
+        """The draft's price, and what a round and a drafted token cost besides their forwards."""
+        drafted = len(round_.draft_token_ids)
         if round_.draft_forwards:  # the first forward caught up on the tokens missed: priced draft·v(caught_up + 1)
             forwards = round_.draft_forwards - 1 + self._v(caught_up + 1)
             self.prices.add("draft", round_.draft_time_s / forwards)
         if round_.wall_time_s <= 0:
             return  # a round without its wall time (made by hand): forwards only
-        rest = max(round_.wall_time_s - round_.target_time_s - round_.draft_time_s, 0.0)
+        rest = round_.overhead_s
         if drafted == 0:
             self.prices.add("base", rest)
         else:
@@ -221,6 +216,16 @@ class AdaptiveK:
 
     def _v(self, n: int) -> float:
         return self.costs.v(n) if self.costs else 1.0
+
+
+def _counted(reached: list[float], accepted: list[float], round_: Round) -> tuple[list[float], list[float]]:
+    """Decayed per-position counts (reached, accepted) after `round_`: the past weighed by DECAY, then each draft
+    position the round reached counted, and accepted where it passed."""
+    reached, accepted = [x * DECAY for x in reached], [x * DECAY for x in accepted]
+    for i in range(min(len(round_.draft_token_ids), round_.num_accepted + 1, len(reached))):
+        reached[i] += 1.0
+        accepted[i] += i < round_.num_accepted
+    return reached, accepted
 
 
 def _shrunk_rates(accepted: list[float], reached: list[float]) -> list[float]:

@@ -51,6 +51,14 @@ class Round:
     def rejected(self) -> bool:
         return self.num_accepted < len(self.draft_token_ids)
 
+    @property
+    def overhead_s(self) -> float:
+        """Its wall time besides its forwards (choosing, verifying, keeping); 0 for a round made by hand (no wall
+        time)."""
+        if self.wall_time_s <= 0:
+            return 0.0
+        return max(self.wall_time_s - self.target_time_s - self.draft_time_s, 0.0)
+
 
 @dataclass
 class Counts:
@@ -97,12 +105,10 @@ class Counts:
         self.draft_time_s += round_.draft_time_s
         self.target_time_s += round_.target_time_s
         self.verify_steps += costs.v(drafted + 1) if costs else 1.0
-        overhead = max(round_.wall_time_s - round_.target_time_s - round_.draft_time_s, 0.0) \
-            if round_.wall_time_s > 0 else 0.0  # a round made by hand has no wall time: forwards only
-        self.overhead_time_s += overhead
+        self.overhead_time_s += round_.overhead_s
         if not drafted:
             self.plain_rounds += 1
-            self.plain_overhead_time_s += overhead
+            self.plain_overhead_time_s += round_.overhead_s
         for counter in (self.reached, self.accepted_at):
             counter.extend([0] * (drafted - len(counter)))
         for i in range(min(drafted, round_.num_accepted + 1)):  # the positions this round reached

@@ -13,12 +13,13 @@ point mass given the tokens before it, a modelled one carries its p_draft.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from specdec.core.drafter import Drafter, Proposal, SamplingPolicy
-from specdec.core.timing import Timer
 from specdec.core.trace import COPY
-from specdec.drafters.lookup import PromptLookupDraft, find_continuation
+from specdec.drafters.lookup import PromptLookupDraft
 
 HYBRID_MIN_NGRAM = 3  # shorter repeats are too weak a cue to skip the draft model (2-token matches copied continuations
 # the target rejected on code and finance, docs/performance.md)
@@ -71,12 +72,10 @@ class HybridDrafter:
         self.last_model = (len(context_ids), head.token_ids + rest.token_ids)
         return _joined(head, rest, policy, "model")
 
-    def copy(self, context_ids: list[int], n: int) -> Proposal:
-        """Prompt lookup's continuation alone (up to n tokens, no model forward), for a round the k="auto" controller
+    def copy(self, context_ids: list[int], n: int, policy: SamplingPolicy) -> Proposal:
+        """Prompt lookup's proposal alone (up to n tokens, no model forward), for a round the k="auto" controller
         gave no model drafts (`specdec.core.schedule`: a copy round); its source is "copy"."""
-        with Timer() as timer:  # on the CPU: no device work to wait for
-            tokens = find_continuation(context_ids, n, self.lookup.max_ngram, self.lookup.min_ngram)
-        return Proposal(tokens, None, timer.seconds, 0, source=COPY)
+        return replace(self.lookup.propose(context_ids, n, policy), source=COPY)
 
     def _modelled(self, context_ids: list[int], n: int, policy: SamplingPolicy, lookup_s: float) -> Proposal:
         """The model's proposal (its time with the lookup's), remembered as its last."""
