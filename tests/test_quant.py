@@ -6,12 +6,13 @@ import time
 
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 from specdec import autoregressive_generate, speculative_generate
 from specdec.core.kv import CachedLM
 from specdec.core.trace import ROUNDING_NOISE
-from specdec.models import apply_speed_levers, load_draft, load_model, quant
+from specdec.models import apply_speed_levers, load_draft, load_model, native, quant
 from specdec.models.quant import (Int8Embedding, Int8Linear, ROWWISE_ATTENTION, quantize_int8,
                                   rowwise_attention)
 from specdec.testing import perturbed_copy, tiny_config, tiny_folder, tiny_model
@@ -211,6 +212,30 @@ def test_rowwise_attention_rows_equal_one_token_steps(length):
         assert torch.equal(together[:, i:i + 1], step)
     causal = torch.ones(n, length + n, dtype=torch.bool).tril(length)[None, None]  # a full mask changes nothing
     assert torch.equal(rowwise_attention(module, query, key, value, causal, scaling=dim ** -0.5)[0], together)
+
+
+@pytest.mark.skipif(native.library() is None, reason="no C compiler here: rowwise_attention runs sdpa row by row")
+@pytest.mark.parametrize("length", [0, 40])
+def test_rowwise_attention_in_one_call_is_sdpas_attention_and_padding_takes_sdpa(length, monkeypatch):
+    """The compiled call computes each row's causal attention (sdpa's within float rounding); a padding mask sends
+    the rows to sdpa, one by one, as before."""
+    torch.manual_seed(length)
+    n, heads, kv_heads, dim = 5, 12, 2, 128
+    query = torch.randn(1, heads, n, dim)
+    key, value = torch.randn(2, 1, kv_heads, length + n, dim)
+    reference = torch.cat([F.scaled_dot_product_attention(query[:, :, i:i + 1], key[:, :, :length + i + 1],
+                                                          value[:, :, :length + i + 1], enable_gqa=True)
+                           for i in range(n)], dim=2).transpose(1, 2)  # [B, n, H, D]
+    together, _ = rowwise_attention(torch.nn.Module(), query, key, value, None, scaling=dim ** -0.5)
+    torch.testing.assert_close(together, reference, rtol=1e-5, atol=1e-5)
+    padded = torch.ones(1, 1, n, length + n, dtype=torch.bool).tril(length)
+    padded[..., 0] = False  # the first position is padding
+    calls = []
+    original = native.attend_rows
+    monkeypatch.setattr(native, "attend_rows", lambda *args: calls.append(args) or original(*args))
+    rowwise_attention(torch.nn.Module(), query, key, value, padded, scaling=dim ** -0.5)
+    rowwise_attention(torch.nn.Module(), query, key, value, None, scaling=dim ** -0.5)
+    assert len(calls) == 1  # the unpadded call only
 
 
 @pytest.mark.parametrize("arch", ARCHS)

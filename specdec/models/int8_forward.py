@@ -174,7 +174,12 @@ def causal_mask(new: int, past: int, device) -> torch.Tensor | None:
     needs none (one new position, or no past: causal by sdpa's own rule), else bool [1, 1, new, past + new]."""
     if new == 1 or past == 0:
         return None
-    return torch.ones(new, past + new, dtype=torch.bool, device=device).tril(past)[None, None]
+    return causal_rows(new, past, device)[None, None]
+
+
+def causal_rows(new: int, past: int, device=None) -> torch.Tensor:
+    """bool [new, past + new]: new position i sees positions 0..past + i."""
+    return torch.ones(new, past + new, dtype=torch.bool, device=device).tril(past)
 
 
 def sdpa_attention(module, query, key, value, mask, scaling: float, **kwargs) -> tuple[torch.Tensor, None]:

@@ -6,7 +6,8 @@
    xu = x + 128 (VNNI and AMX multiply u8 by s8); bias128[n] = 128 * sum_k w[n, k] takes the shift back out.
 
    The paths, compiled for the CPU at hand (-march=native):
-   - AVX512-VNNI: each weight vector read once for up to 8 rows.
+   - AVX512-VNNI: each weight vector read once for up to 12 rows, the blocks of 16 outputs one after another (one
+     sequential stream), or two at a time from 7 rows on.
    - AMX tiles, 16 rows at a time, where the compiler targets them and the OS grants them (the caller passes `tiles`
      from the row count its timing found them faster from).
    - AVX2 without VNNI: each half vector (8 outputs x 4 k) read once for up to 4 rows. Its pair product
@@ -25,36 +26,39 @@
 #include <immintrin.h>
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-#define MB_MAX 8   /* rows one VNNI pass reads each weight vector for */
+#define MB_MAX 12   /* rows one VNNI pass reads each weight vector for */
+#define PAIRED 7   /* rows from which a pass reads two blocks at a time (each row's broadcast then serves two) */
 #define PREFETCH 4096  /* bytes ahead in a block's weights each step asks the cache for (the hardware prefetcher
-   alone left several rows' products 5-15% under the one-row read speed, docs/performance.md) */
+   alone left several rows' products 5-15% under the one-row read speed, docs/performance.md); past a block's end,
+   in the same block of the next pass */
 
 /* NB blocks of 16 outputs for MB rows: NB x MB accumulators of 16 int32 */
 static inline __attribute__((always_inline)) void tile(const uint8_t *xu, int64_t K, const int8_t *w,
         const int32_t *bias128, int64_t blk, int64_t N, float *out, int64_t ldo, const int NB, const int MB) {
     const int64_t K4 = K / 4;
-    __m512i acc[4][MB_MAX];
-    #pragma GCC unroll 8
+    __m512i acc[2][MB_MAX];
+    #pragma GCC unroll 2
     for (int i = 0; i < NB; i++)
-        #pragma GCC unroll 8
+        #pragma GCC unroll 12
         for (int j = 0; j < MB; j++) acc[i][j] = _mm512_setzero_si512();
     const int8_t *wb = w + blk * K4 * 64;
     for (int64_t g = 0; g < K4; g++) {
-        #pragma GCC unroll 8
+        #pragma GCC unroll 2
         for (int i = 0; i < NB; i++) {
-            _mm_prefetch((const char *)(wb + (i * K4 + g) * 64 + PREFETCH), _MM_HINT_T0);
+            const int64_t ahead = g * 64 + PREFETCH < K4 * 64 ? PREFETCH : PREFETCH + (NB - 1) * K4 * 64;
+            _mm_prefetch((const char *)(wb + (i * K4 + g) * 64 + ahead), _MM_HINT_T0);
             __m512i v = _mm512_loadu_si512(wb + (i * K4 + g) * 64);
-            #pragma GCC unroll 8
+            #pragma GCC unroll 12
             for (int j = 0; j < MB; j++)
                 acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], _mm512_set1_epi32(*(const int32_t *)(xu + j * K + 4 * g)), v);
         }
     }
-    #pragma GCC unroll 8
+    #pragma GCC unroll 2
     for (int i = 0; i < NB; i++) {
         const int64_t n = (blk + i) * 16;
         const __mmask16 keep = N - n >= 16 ? 0xFFFF : (__mmask16)((1u << (N - n)) - 1);
         const __m512i shift = _mm512_maskz_loadu_epi32(keep, bias128 + n);
-        #pragma GCC unroll 8
+        #pragma GCC unroll 12
         for (int j = 0; j < MB; j++)
             _mm512_mask_storeu_ps(out + j * ldo + n, keep, _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], shift)));
     }
@@ -64,19 +68,19 @@ static void vector_blocks(const uint8_t *xu, int64_t M, int64_t K, const int8_t 
                         int64_t b0, int64_t b1, int64_t N, float *out, int64_t ldo) {
     for (int64_t m = 0; m < M; m += MB_MAX) {
         const int mb = M - m >= MB_MAX ? MB_MAX : (int)(M - m);
-        const int step = mb <= 4 ? 4 : 2;  /* blocks of 16 outputs at a time: at most 16 accumulators */
         int64_t blk = b0;
-        for (; blk + step <= b1; blk += step)
-            switch (mb) {
-                case 1: TILE(4, 1); break; case 2: TILE(4, 2); break; case 3: TILE(4, 3); break;
-                case 4: TILE(4, 4); break; case 5: TILE(2, 5); break; case 6: TILE(2, 6); break;
-                case 7: TILE(2, 7); break; default: TILE(2, 8); break;
-            }
+        if (mb >= PAIRED)  /* at most 2 x 12 accumulators */
+            for (; blk + 2 <= b1; blk += 2)
+                switch (mb) {
+                    case 7: TILE(2, 7); break; case 8: TILE(2, 8); break; case 9: TILE(2, 9); break;
+                    case 10: TILE(2, 10); break; case 11: TILE(2, 11); break; default: TILE(2, 12); break;
+                }
         for (; blk < b1; blk++)
             switch (mb) {
                 case 1: TILE(1, 1); break; case 2: TILE(1, 2); break; case 3: TILE(1, 3); break;
                 case 4: TILE(1, 4); break; case 5: TILE(1, 5); break; case 6: TILE(1, 6); break;
-                case 7: TILE(1, 7); break; default: TILE(1, 8); break;
+                case 7: TILE(1, 7); break; case 8: TILE(1, 8); break; case 9: TILE(1, 9); break;
+                case 10: TILE(1, 10); break; case 11: TILE(1, 11); break; default: TILE(1, 12); break;
             }
     }
 }
@@ -194,65 +198,51 @@ static void shifted_codes(const float *row, int64_t K, float scale, uint8_t *q) 
 #define PREFETCH4 8192
 #define PREFETCH4_SCALES 2048
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+/* one block of 16 outputs for MB rows: the blocks are read one after another, one sequential stream (two blocks at
+   a time, two streams, read the 4-bit weights 13% slower for one row, docs/performance.md) */
 static inline __attribute__((always_inline)) void tile4(const int8_t *xq, const float *xsum, int64_t K,
-        const uint8_t *w, const uint16_t *sz, int64_t blk, int64_t N, float *out, int64_t ldo, const int NB,
-        const int MB) {
+        const uint8_t *w, const uint16_t *sz, int64_t blk, int64_t N, float *out, int64_t ldo, const int MB) {
     const int64_t K8 = K / 8, G = K / G4;
     const __m512i low = _mm512_set1_epi8(0x0F);
-    __m512 acc[2][MB4];
-    #pragma GCC unroll 2
-    for (int i = 0; i < NB; i++)
-        #pragma GCC unroll 4
-        for (int j = 0; j < MB; j++) acc[i][j] = _mm512_setzero_ps();
+    __m512 acc[MB4];
+    #pragma GCC unroll 4
+    for (int j = 0; j < MB; j++) acc[j] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
-        __m512i dot[2][MB4];
-        #pragma GCC unroll 2
-        for (int i = 0; i < NB; i++)
-            #pragma GCC unroll 4
-            for (int j = 0; j < MB; j++) dot[i][j] = _mm512_setzero_si512();
+        __m512i dot[MB4];
         #pragma GCC unroll 4
-        for (int p = g * (G4 / 8); p < (g + 1) * (G4 / 8); p++)
-            #pragma GCC unroll 2
-            for (int i = 0; i < NB; i++) {
-                _mm_prefetch((const char *)(w + ((blk + i) * K8 + p) * 64 + PREFETCH4), _MM_HINT_T0);
-                const __m512i v = _mm512_loadu_si512(w + ((blk + i) * K8 + p) * 64);
-                const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-                #pragma GCC unroll 4
-                for (int j = 0; j < MB; j++) {
-                    const int8_t *x = xq + j * K + 8 * p;
-                    dot[i][j] = _mm512_dpbusd_epi32(dot[i][j], lo, _mm512_set1_epi32(*(const int32_t *)x));
-                    dot[i][j] = _mm512_dpbusd_epi32(dot[i][j], hi, _mm512_set1_epi32(*(const int32_t *)(x + 4)));
-                }
+        for (int j = 0; j < MB; j++) dot[j] = _mm512_setzero_si512();
+        #pragma GCC unroll 4
+        for (int p = g * (G4 / 8); p < (g + 1) * (G4 / 8); p++) {
+            _mm_prefetch((const char *)(w + (blk * K8 + p) * 64 + PREFETCH4), _MM_HINT_T0);
+            const __m512i v = _mm512_loadu_si512(w + (blk * K8 + p) * 64);
+            const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+            #pragma GCC unroll 4
+            for (int j = 0; j < MB; j++) {
+                const int8_t *x = xq + j * K + 8 * p;
+                dot[j] = _mm512_dpbusd_epi32(dot[j], lo, _mm512_set1_epi32(*(const int32_t *)x));
+                dot[j] = _mm512_dpbusd_epi32(dot[j], hi, _mm512_set1_epi32(*(const int32_t *)(x + 4)));
             }
-        #pragma GCC unroll 2
-        for (int i = 0; i < NB; i++) {
-            const uint16_t *s = sz + ((blk + i) * G + g) * 32;
-            _mm_prefetch((const char *)(s + PREFETCH4_SCALES / 2), _MM_HINT_T0);
-            const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)s));
-            const __m512 offset = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + 16)));
-            #pragma GCC unroll 4
-            for (int j = 0; j < MB; j++)
-                acc[i][j] = _mm512_sub_ps(_mm512_add_ps(acc[i][j], _mm512_mul_ps(scale, _mm512_cvtepi32_ps(dot[i][j]))),
-                                          _mm512_mul_ps(offset, _mm512_set1_ps(xsum[j * G + g])));
         }
-    }
-    #pragma GCC unroll 2
-    for (int i = 0; i < NB; i++) {
-        const int64_t n = (blk + i) * 16;
-        const __mmask16 keep = N - n >= 16 ? 0xFFFF : (__mmask16)((1u << (N - n)) - 1);
+        const uint16_t *s = sz + (blk * G + g) * 32;
+        _mm_prefetch((const char *)(s + PREFETCH4_SCALES / 2), _MM_HINT_T0);
+        const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)s));
+        const __m512 offset = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + 16)));
         #pragma GCC unroll 4
-        for (int j = 0; j < MB; j++) _mm512_mask_storeu_ps(out + j * ldo + n, keep, acc[i][j]);
+        for (int j = 0; j < MB; j++)
+            acc[j] = _mm512_sub_ps(_mm512_add_ps(acc[j], _mm512_mul_ps(scale, _mm512_cvtepi32_ps(dot[j]))),
+                                   _mm512_mul_ps(offset, _mm512_set1_ps(xsum[j * G + g])));
     }
+    const int64_t n = blk * 16;
+    const __mmask16 keep = N - n >= 16 ? 0xFFFF : (__mmask16)((1u << (N - n)) - 1);
+    #pragma GCC unroll 4
+    for (int j = 0; j < MB; j++) _mm512_mask_storeu_ps(out + j * ldo + n, keep, acc[j]);
 }
-#define NB4 2   /* blocks of 16 outputs one pass reads */
 #else
 /* AVX2: each half vector (8 outputs) at a time; vpmaddubsw's pairs of code * x stay within 2 * 15 * 127 < 2^15 */
 static inline __attribute__((always_inline)) void tile4(const int8_t *xq, const float *xsum, int64_t K,
-        const uint8_t *w, const uint16_t *sz, int64_t blk, int64_t N, float *out, int64_t ldo, const int NB,
-        const int MB) {
+        const uint8_t *w, const uint16_t *sz, int64_t blk, int64_t N, float *out, int64_t ldo, const int MB) {
     const int64_t K8 = K / 8, G = K / G4;
     const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-    (void)NB;
     for (int h = 0; h < 2; h++) {
         const int64_t n = blk * 16 + h * 8;
         if (n >= N) break;
@@ -289,21 +279,16 @@ static inline __attribute__((always_inline)) void tile4(const int8_t *xq, const 
         for (int j = 0; j < MB; j++) _mm256_maskstore_ps(out + j * ldo + n, keep, acc[j]);
     }
 }
-#define NB4 1
 #endif
-#define TILE4(nb, mb) tile4(xq + m * K, xsum + m * G, K, w, sz, blk, N, out + m * ldo, ldo, nb, mb)
+#define TILE4(mb) tile4(xq + m * K, xsum + m * G, K, w, sz, blk, N, out + m * ldo, ldo, mb)
 static void blocks4(const int8_t *xq, const float *xsum, int64_t M, int64_t K, const uint8_t *w, const uint16_t *sz,
                     int64_t b0, int64_t b1, int64_t N, float *out, int64_t ldo) {
     const int64_t G = K / G4;
-    for (int64_t m = 0; m < M; m += MB4) {
-        int64_t blk = b0;
-        switch (M - m >= MB4 ? MB4 : (int)(M - m)) {
-            case 1: for (; blk + NB4 <= b1; blk += NB4) TILE4(NB4, 1); for (; blk < b1; blk++) TILE4(1, 1); break;
-            case 2: for (; blk + NB4 <= b1; blk += NB4) TILE4(NB4, 2); for (; blk < b1; blk++) TILE4(1, 2); break;
-            case 3: for (; blk + NB4 <= b1; blk += NB4) TILE4(NB4, 3); for (; blk < b1; blk++) TILE4(1, 3); break;
-            default: for (; blk + NB4 <= b1; blk += NB4) TILE4(NB4, 4); for (; blk < b1; blk++) TILE4(1, 4);
-        }
-    }
+    for (int64_t m = 0; m < M; m += MB4)
+        for (int64_t blk = b0; blk < b1; blk++)
+            switch (M - m >= MB4 ? MB4 : (int)(M - m)) {
+                case 1: TILE4(1); break; case 2: TILE4(2); break; case 3: TILE4(3); break; default: TILE4(4);
+            }
 }
 
 /* A draft's 4-bit Linear: y = x W.T (+ bias) as above, x [M][K] float32 with K a multiple of G4, out [M][N].
@@ -474,6 +459,23 @@ static inline void rotated(const float *x, const float *cos, const float *sin, i
         out[i + half] = x[i + half] * cos[i + half] + x[i] * sin[i + half];
     }
 }
+/* One query head's softmax attention over positions 0..L-1 of its key/value head (K, V: rows D floats apart): o [D].
+   score [L] is scratch. The same operations in the same order wherever it is called from. */
+static void attend_head(const float *q, const float *K, const float *V, int64_t L, int64_t D, float scaling,
+                        float *score, float *o) {
+    float top = -INFINITY;
+    for (int64_t p = 0; p < L; p++) {
+        score[p] = dot(q, K + p * D, D) * scaling;
+        top = fmaxf(top, score[p]);
+    }
+    float total = 0.0f;
+    for (int64_t p = 0; p < L; p++) total += score[p] = expf(score[p] - top);
+    for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
+    for (int64_t p = 0; p < L; p++) {
+        const float w = score[p] / total, *v = V + p * D;
+        for (int64_t d = 0; d < D; d++) o[d] += w * v[d];
+    }
+}
 int attend_one(const float *qkv, const float *cos, const float *sin, float *keys, float *values, int64_t capacity,
                int64_t past, int64_t H, int64_t Hkv, int64_t D, float scaling, float *out, int threads) {
     const int64_t L = past + 1, group = H / Hkv;
@@ -486,21 +488,31 @@ int attend_one(const float *qkv, const float *cos, const float *sin, float *keys
     #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t h = 0; h < H; h++) {
         const int64_t g = h / group;
-        const float *K = keys + g * capacity * D, *V = values + g * capacity * D;
-        float *q = scratch + h * (L + D), *score = q + D, *o = out + h * D;
+        float *q = scratch + h * (L + D);
         rotated(qkv + h * D, cos, sin, D, q);
-        float top = -INFINITY;
-        for (int64_t p = 0; p < L; p++) {
-            score[p] = dot(q, K + p * D, D) * scaling;
-            top = fmaxf(top, score[p]);
-        }
-        float total = 0.0f;
-        for (int64_t p = 0; p < L; p++) total += score[p] = expf(score[p] - top);
-        for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
-        for (int64_t p = 0; p < L; p++) {
-            const float w = score[p] / total, *v = V + p * D;
-            for (int64_t d = 0; d < D; d++) o[d] += w * v[d];
-        }
+        attend_head(q, keys + g * capacity * D, values + g * capacity * D, L, D, scaling, q + D, out + h * D);
+    }
+    free(scratch);
+    return 0;
+}
+
+/* The target's attention, each query row alone (specdec.models.quant.rowwise_attention): row i of n attends to
+   positions 0..L - n + i of its key/value head (H / H_kv query heads a key/value head). q [B][H][n][D] and
+   keys/values [B][H_kv][..][D] by their batch, head and row strides (a row's D floats contiguous); out [B][n][H][D].
+   Each (batch, row, head) is attend_head's alone, whatever n and whatever else runs beside it, so a row's bits are
+   those of a one-row call over the same positions: a verification row is bitwise its one-token step. Returns 0,
+   or -1 where its scratch could not be had. */
+int attend_rows(const float *q, int64_t B, int64_t H, int64_t n, int64_t D, int64_t qb, int64_t qh, int64_t qi,
+                const float *keys, const float *values, int64_t kb, int64_t kh, int64_t vb, int64_t vh, int64_t Hkv,
+                int64_t L, float scaling, float *out, int threads) {
+    const int64_t group = H / Hkv, tasks = B * n * H;
+    float *scratch = malloc(sizeof(float) * tasks * L);
+    if (!scratch) return -1;
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t t = 0; t < tasks; t++) {
+        const int64_t b = t / (n * H), i = t / H % n, h = t % H, g = h / group;
+        attend_head(q + b * qb + h * qh + i * qi, keys + b * kb + g * kh, values + b * vb + g * vh, L - n + i + 1,
+                    D, scaling, scratch + t * L, out + t * D);
     }
     free(scratch);
     return 0;

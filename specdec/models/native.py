@@ -42,7 +42,7 @@ from specdec.models import cache
 SOURCE = Path(__file__).with_name("int8_kernel.c")
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")  # for the CPU at hand, no fused
 # multiply-adds (a Linear's float operations are torch's, one rounding each); OpenMP is torch's own
-ROWS_AT_ONCE = 8  # rows the AVX-512 path reads each weight vector for (MB_MAX in the source; tiles come only with it)
+ROWS_AT_ONCE = 12  # rows the AVX-512 path reads each weight vector for (MB_MAX in the source; tiles come only with it)
 TILE_ROWS = 16  # an AMX tile's rows: the rows of a product on tiles are padded to a multiple of this
 GROUP_4 = 32  # inputs per scale and offset of a 4-bit weight (G4 in the source)
 K_ALIGN = 64  # the input width is padded to a multiple of this (an AMX tile row: 64 bytes)
@@ -121,6 +121,9 @@ def library() -> ctypes.CDLL | None:
                                ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                                ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
     lib.attend_one.restype = ctypes.c_int
+    lib.attend_rows.argtypes = [ctypes.c_void_p, *[ctypes.c_int64] * 7, ctypes.c_void_p, ctypes.c_void_p,
+                                *[ctypes.c_int64] * 6, ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
+    lib.attend_rows.restype = ctypes.c_int
     lib.rms_norm_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_float,
                                   ctypes.c_void_p]
     lib.silu_mul_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
@@ -289,6 +292,21 @@ def attend_one(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: to
     if library().attend_one(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(), values.data_ptr(),
                             capacity, past, heads, kv_heads, dim, scaling, out.data_ptr(), torch.get_num_threads()):
         raise MemoryError("no memory for a one-token attention's scores")
+    return out
+
+
+def attend_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float) -> torch.Tensor:
+    """Each query row's attention alone over its causal slice, in one call (the source's attend_rows): query
+    [B, H, n, D], key/value [B, H_kv, L, D] (L = past + n; row i sees positions 0..past + i). Every (batch, row,
+    head) is computed by the same code whatever n, so a row's bits are a one-row call's. Returns [B, n, H, D]."""
+    query, key, value = (t if t.stride(-1) == 1 and t.stride(-2) == t.shape[-1] else t.contiguous()
+                         for t in (query, key, value))  # each row's D floats, rows D apart
+    (batch, heads, n, dim), (kv_heads, length) = query.shape, key.shape[1:3]
+    out = torch.empty(batch, n, heads, dim)
+    if library().attend_rows(query.data_ptr(), batch, heads, n, dim, *query.stride()[:3], key.data_ptr(),
+                             value.data_ptr(), *key.stride()[:2], *value.stride()[:2], kv_heads, length, scaling,
+                             out.data_ptr(), torch.get_num_threads()):
+        raise MemoryError("no memory for the attention's scores")
     return out
 
 

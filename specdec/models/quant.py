@@ -262,7 +262,7 @@ def _fastest(kernels: list[str], shape: tuple[int, int]) -> str:
 
 
 def _choices_path() -> Path:
-    about = {**hardware.describe("cpu"), "kernels": exact_kernels(), "limit": weight_limit(), "method": KERNEL_METHOD}
+    about = {**hardware.describe("cpu"), "kernels": kernel_path(), "method": KERNEL_METHOD}  # the native build too
     return cache.root() / "costs" / f"int8-kernels-{files.json_key(about)}.json"
 
 
@@ -677,15 +677,21 @@ SHARED_INPUTS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # si
 
 
 def rowwise_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Attention of each query row alone over its causal slice, with the call a one-token step makes.
+    """Attention of each query row alone over its causal slice, as a one-token step computes it.
 
     query [B, H, n, D]; key, value [B, H_kv, L, D] hold the cache plus the n new positions (L = past + n,
     a DynamicCache); attention_mask None or bool [B, 1, n, L] (padding; True = attend).
     Returns (output [B, n, H, D], None) as transformers' attention interface expects.
+    Without padding, one compiled call (`native.attend_rows`); where the kernel is not built here, or with
+    padding, sdpa row by row (a row without padding makes the call of a one-token step without a mask).
     """
     if dropout:
         raise ValueError("rowwise_attention is for inference (dropout 0)")
     n, length = query.shape[2], key.shape[2]
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    causal = attention_mask is None or bool((attention_mask | ~int8_forward.causal_rows(n, length - n)).all())
+    if causal and native.library() is not None:
+        return native.attend_rows(query.float(), key.float(), value.float(), scaling).to(query.dtype), None
     gqa = query.shape[1] != key.shape[1]
     rows = []
     for i in range(n):
