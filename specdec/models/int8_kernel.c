@@ -192,12 +192,13 @@ static void shifted_codes(const float *row, int64_t K, float scale, uint8_t *q) 
    group. Each row of x is quantized alone to int8 (symmetric, as in int8_linear); a group's exact int32 sums are
    scaled in float32: y = x_scale * sum_g (scale * sum(code * x_q) - offset * sum(x_q)). Rows never meet. */
 #define G4 32
-#define MB4 4   /* rows one pass reads each weight vector for */
 /* bytes ahead in the codes, and in the scales, each step asks the cache for: without them one row read the 4-bit
    weights at 20 GB/s where the int8 product reads 28 (docs/performance.md) */
 #define PREFETCH4 8192
 #define PREFETCH4_SCALES 2048
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define MB4 8   /* rows one pass reads each weight vector for (with 4, the draft's products over 8 rows took 25.5 ms
+   and over 16 rows 38.5 on a Zen 4; with 8, 18.8 and 35.4: docs/performance.md) */
 /* one block of 16 outputs for MB rows: the blocks are read one after another, one sequential stream (two blocks at
    a time, two streams, read the 4-bit weights 13% slower for one row, docs/performance.md) */
 static inline __attribute__((always_inline)) void tile4(const int8_t *xq, const float *xsum, int64_t K,
@@ -205,18 +206,18 @@ static inline __attribute__((always_inline)) void tile4(const int8_t *xq, const 
     const int64_t K8 = K / 8, G = K / G4;
     const __m512i low = _mm512_set1_epi8(0x0F);
     __m512 acc[MB4];
-    #pragma GCC unroll 4
+    #pragma GCC unroll 8
     for (int j = 0; j < MB; j++) acc[j] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
         __m512i dot[MB4];
-        #pragma GCC unroll 4
+        #pragma GCC unroll 8
         for (int j = 0; j < MB; j++) dot[j] = _mm512_setzero_si512();
-        #pragma GCC unroll 4
+        #pragma GCC unroll 8
         for (int p = g * (G4 / 8); p < (g + 1) * (G4 / 8); p++) {
             _mm_prefetch((const char *)(w + (blk * K8 + p) * 64 + PREFETCH4), _MM_HINT_T0);
             const __m512i v = _mm512_loadu_si512(w + (blk * K8 + p) * 64);
             const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-            #pragma GCC unroll 4
+            #pragma GCC unroll 8
             for (int j = 0; j < MB; j++) {
                 const int8_t *x = xq + j * K + 8 * p;
                 dot[j] = _mm512_dpbusd_epi32(dot[j], lo, _mm512_set1_epi32(*(const int32_t *)x));
@@ -227,17 +228,18 @@ static inline __attribute__((always_inline)) void tile4(const int8_t *xq, const 
         _mm_prefetch((const char *)(s + PREFETCH4_SCALES / 2), _MM_HINT_T0);
         const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)s));
         const __m512 offset = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + 16)));
-        #pragma GCC unroll 4
+        #pragma GCC unroll 8
         for (int j = 0; j < MB; j++)
             acc[j] = _mm512_sub_ps(_mm512_add_ps(acc[j], _mm512_mul_ps(scale, _mm512_cvtepi32_ps(dot[j]))),
                                    _mm512_mul_ps(offset, _mm512_set1_ps(xsum[j * G + g])));
     }
     const int64_t n = blk * 16;
     const __mmask16 keep = N - n >= 16 ? 0xFFFF : (__mmask16)((1u << (N - n)) - 1);
-    #pragma GCC unroll 4
+    #pragma GCC unroll 8
     for (int j = 0; j < MB; j++) _mm512_mask_storeu_ps(out + j * ldo + n, keep, acc[j]);
 }
 #else
+#define MB4 4   /* rows one pass reads each half vector for (16 registers) */
 /* AVX2: each half vector (8 outputs) at a time; vpmaddubsw's pairs of code * x stay within 2 * 15 * 127 < 2^15 */
 static inline __attribute__((always_inline)) void tile4(const int8_t *xq, const float *xsum, int64_t K,
         const uint8_t *w, const uint16_t *sz, int64_t blk, int64_t N, float *out, int64_t ldo, const int MB) {
@@ -287,7 +289,11 @@ static void blocks4(const int8_t *xq, const float *xsum, int64_t M, int64_t K, c
     for (int64_t m = 0; m < M; m += MB4)
         for (int64_t blk = b0; blk < b1; blk++)
             switch (M - m >= MB4 ? MB4 : (int)(M - m)) {
-                case 1: TILE4(1); break; case 2: TILE4(2); break; case 3: TILE4(3); break; default: TILE4(4);
+                case 1: TILE4(1); break; case 2: TILE4(2); break; case 3: TILE4(3); break;
+#if MB4 > 4
+                case 4: TILE4(4); break; case 5: TILE4(5); break; case 6: TILE4(6); break; case 7: TILE4(7); break;
+#endif
+                default: TILE4(MB4);
             }
 }
 

@@ -342,8 +342,14 @@ def drawn_codes(shape: tuple[int, int], low: int, high: int, dtype: torch.dtype)
     generator = getattr(_RANDOM, "generator", None)
     if generator is None:
         return None
-    count = shape[0] * shape[1]
-    period = torch.randint(low, high + 1, (min(count, DRAWN_PERIOD),), generator=generator, dtype=dtype)
+    period = torch.randint(low, high + 1, (min(shape[0] * shape[1], DRAWN_PERIOD),), generator=generator, dtype=dtype)
+    return repeated(period, shape)
+
+
+def repeated(period: torch.Tensor, shape) -> torch.Tensor:
+    """A tensor of `shape` holding the 1-d `period` over and over (drawn values for a weight whose values no
+    timing depends on)."""
+    count = torch.Size(shape).numel()
     return period.repeat(-(-count // len(period)))[:count].view(shape)
 
 
