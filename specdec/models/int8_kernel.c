@@ -400,6 +400,16 @@ static void amx_blocks(const uint8_t *xu, int64_t M, int64_t K, const int8_t *w,
                        int64_t b0, int64_t b1, int64_t N, float *out, int64_t ldo) {}
 #endif
 
+/* The row sums of an int8 weight w [N][K] (what the shifted rows' sums take back out, x 128): out [N]. */
+void row_sums(const int8_t *w, int64_t N, int64_t K, int32_t *out, int threads) {
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t n = 0; n < N; n++) {
+        int32_t sum = 0;
+        for (int64_t k = 0; k < K; k++) sum += w[n * K + k];
+        out[n] = sum;
+    }
+}
+
 /* The product of M rows: xu [M][K] (M a multiple of 16 where tiles), w packed, out [M][N]: the exact sums. */
 void int8_product(const uint8_t *xu, int64_t M, int64_t K, const int8_t *w, const int32_t *bias128, int64_t N,
                   float *out, int tiles, int threads) {

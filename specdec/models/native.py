@@ -110,6 +110,7 @@ def library() -> ctypes.CDLL | None:
     lib.int8_product.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                                  ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     lib.int8_product.restype = None
+    lib.row_sums.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
     lib.int8_linear.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
                                 ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
                                 ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
@@ -190,9 +191,12 @@ def pack(weight: torch.Tensor) -> Packed:
     if library() is None:
         raise RuntimeError("the int8 kernel is not built here (no C compiler, or a CPU without AVX2)")
     n, k = weight.shape
-    padded = F.pad(weight, (0, -k % K_ALIGN, 0, -n % N_ALIGN))  # [N', K']
-    blocks = padded.view(padded.shape[0] // N_ALIGN, N_ALIGN, padded.shape[1] // 4, 4).permute(0, 2, 1, 3)
-    return Packed(blocks.contiguous(), 128 * weight.sum(1, dtype=torch.int32), n, k)
+    padded = F.pad(weight, (0, -k % K_ALIGN, 0, -n % N_ALIGN)).contiguous()  # [N', K'], a new tensor
+    words = padded.view(torch.int32).view(padded.shape[0] // N_ALIGN, N_ALIGN, -1)  # [N'/16, 16, K'/4]: 4 k a word
+    blocks = words.transpose(1, 2).contiguous().view(torch.int8)  # [N'/16, K'/4, 16 * 4]
+    sums = torch.empty(n, dtype=torch.int32)
+    library().row_sums(padded.data_ptr(), n, padded.shape[1], sums.data_ptr(), torch.get_num_threads())  # padding: 0
+    return Packed(blocks.view(-1, padded.shape[1] // 4, N_ALIGN, 4), 128 * sums, n, k)
 
 
 def unpack(packed: Packed) -> torch.Tensor:
