@@ -243,7 +243,9 @@ def _fastest(kernels: list[str], shape: tuple[int, int]) -> str:
     probe = (min(shape[0], PROBE_OUT_MAX), shape[1])
     weight = torch.randint(-weight_limit(), weight_limit() + 1, probe, dtype=torch.int8, generator=generator)
     copies = min(max(-(-PROBE_BYTES // weight.numel()), 2), PROBE_COPIES_MAX)
-    packed = {kernel: [_part(kernel, "pack")(weight) for _ in range(copies)] for kernel in kernels}
+    with ThreadPoolExecutor(max(torch.get_num_threads(), 1)) as pool:  # a kernel packs one weight on one thread
+        packed = {kernel: list(pool.map(lambda _, pack=_part(kernel, "pack"): pack(weight), range(copies)))
+                  for kernel in kernels}
     rows = {m: torch.randint(-INT8_MAX, INT8_MAX + 1, (m, shape[1]), generator=generator).float()
             for m in PROBE_ROWS}
 
