@@ -9,7 +9,7 @@ from specdec.models import gguf_dequant, gguf_read
 from test_quant_gguf import mixed_gguf
 
 Q = gguf.GGMLQuantizationType
-HALVES = {Q.Q4_K: (0, 2), Q.Q6_K: (208,), Q.Q8_0: (0,)}  # where a block's fp16 scales (d, dmin) start
+HALVES = {Q.Q4_K: (0, 2), Q.Q5_0: (0,), Q.Q6_K: (208,), Q.Q8_0: (0,)}  # where a block's fp16 scales (d, dmin) start
 SPECIAL_HALVES = [0x0000, 0x8000, 0x0001, 0x8001, 0x03FF, 0x83FF, 0x0400, 0x7BFF, 0xFBFF]  # zeros, subnormals, extremes
 SHAPES = [(1, 1), (3, 2), (700, 3)]  # (rows, blocks a row): one block, a few, many rows
 
@@ -76,11 +76,11 @@ def test_types_not_done_in_torch_go_through_gguf_numpy_and_the_others_do_not(mon
         return numpy_dequantize(data, kind)
 
     monkeypatch.setattr(gguf.quants, "dequantize", spy)
-    data = gguf.quants.quantize(np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32), Q.Q5_0)
-    assert Q.Q5_0 not in gguf_dequant.BLOCKS
-    assert_bitwise(gguf_dequant.dequantize(data, Q.Q5_0), numpy_dequantize(data, Q.Q5_0))
+    data = gguf.quants.quantize(np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32), Q.Q5_1)
+    assert Q.Q5_1 not in gguf_dequant.BLOCKS
+    assert_bitwise(gguf_dequant.dequantize(data, Q.Q5_1), numpy_dequantize(data, Q.Q5_1))
     gguf_dequant.dequantize(random_tensor(Q.Q4_K, 2, 1), Q.Q4_K)
-    assert calls == [Q.Q5_0]
+    assert calls == [Q.Q5_1]
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])  # llama: q/k rows reordered

@@ -1,7 +1,7 @@
 """GGUF tensors dequantized in torch, bit for bit as `gguf.quants.dequantize` gives them, on every thread.
 
 The gguf package dequantizes in numpy on one thread: most of the time a model takes to be built from a GGUF. Here
-the types of the catalogue's GGUFs (q4_K, q6_K, q8_0, f16, bf16, f32: `BLOCKS`) are a few torch ops over many
+the types of the catalogue's GGUFs (q4_K, q5_0, q6_K, q8_0, f16, bf16, f32: `BLOCKS`) are a few torch ops over many
 blocks at once, in gguf's float32 order of operations: a sub-block's scale is one rounded product (d * sc), each
 value code * scale (- offset), each its own rounding, never a fused multiply-add. A tensor goes chunk by chunk of
 CHUNK_WEIGHTS into one float32 result, so the temporaries (uint8 codes, a few bytes a weight) stay small. Other
@@ -19,6 +19,7 @@ Q = gguf.GGMLQuantizationType
 CHUNK_WEIGHTS = 1 << 22  # weights dequantized at a time: temporaries of a few bytes each, few thread joins
 Q4_K_SCALES = slice(4, 16)  # a q4_K block: d, dmin (fp16), 12 bytes of 6-bit scales and mins, 128 of 4-bit codes
 Q6_K_CODES, Q6_K_HIGH, Q6_K_SCALES, Q6_K_D = slice(0, 128), slice(128, 192), slice(192, 208), slice(208, 210)
+Q5_0_D, Q5_0_HIGH, Q5_0_CODES = slice(0, 2), slice(2, 6), slice(6, 22)  # fp16 d, 32 fifth bits, 32 nibbles
 
 
 def dequantize_groups(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None = None,
@@ -55,6 +56,14 @@ def _q6_k(blocks: torch.Tensor, out: torch.Tensor) -> None:
     dequantize_groups(codes, scale, out=out)
 
 
+def _q5_0(blocks: torch.Tensor, out: torch.Tensor) -> None:
+    """q5_0 blocks [B, 22] -> out [B, 32]: d * (5-bit code - 16); value i's fifth bit is bit i of the 32-bit word."""
+    low = _fields(blocks[:, Q5_0_CODES], 4).flatten(1)  # [B, 32]: the low nibbles (values 0-15), then the high ones
+    high = _fields(blocks[:, Q5_0_HIGH], 1).transpose(1, 2).flatten(1)  # [B, 32]: byte j's bit b is value 8j + b
+    codes = (low | high << 4).view(torch.int8) - 16  # [B, 32] in -16..15
+    dequantize_groups(codes, _half(blocks[:, Q5_0_D]), out=out)
+
+
 def _q8_0(blocks: torch.Tensor, out: torch.Tensor) -> None:
     """q8_0 blocks [B, 34] -> out [B, 32]: int8 code * d."""
     dequantize_groups(blocks[:, 2:].view(torch.int8), _half(blocks[:, 0:2]), out=out)
@@ -73,7 +82,7 @@ def _f32(blocks: torch.Tensor, out: torch.Tensor) -> None:
 
 
 BLOCKS: dict[Q, Callable[[torch.Tensor, torch.Tensor], None]] = {
-    Q.Q4_K: _q4_k, Q.Q6_K: _q6_k, Q.Q8_0: _q8_0, Q.F16: _f16, Q.BF16: _bf16, Q.F32: _f32}  # blocks -> out, in place
+    Q.Q4_K: _q4_k, Q.Q5_0: _q5_0, Q.Q6_K: _q6_k, Q.Q8_0: _q8_0, Q.F16: _f16, Q.BF16: _bf16, Q.F32: _f32}  # blocks -> out, in place
 
 
 def dequantize(data: np.ndarray, kind: Q) -> torch.Tensor:
