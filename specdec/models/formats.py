@@ -265,12 +265,10 @@ def random_model(config, layers: int, device: str = "cpu", values: bool = True,
         for name, parameter in model.named_parameters():
             if parameter.dim() == 1:
                 parameter.fill_(0.0 if name.endswith("bias") else 1.0)  # norms 1, biases 0
-            elif values:  # uniform of std in**-0.5, quant.DRAWN_PERIOD values drawn and repeated (drawing every
-                # value of a model took seconds)
+            elif values:  # uniform of std in**-0.5, a period drawn and repeated (drawing every value took seconds)
                 bound = (3 / parameter.shape[-1]) ** 0.5
-                period = torch.empty(min(parameter.numel(), quant.DRAWN_PERIOD)).uniform_(-bound, bound,
-                                                                                         generator=generator)
-                parameter.copy_(quant.repeated(period, parameter.shape))
+                parameter.copy_(quant.repeated(
+                    lambda count: torch.empty(count).uniform_(-bound, bound, generator=generator), parameter.shape))
     return model.to(device)
 
 

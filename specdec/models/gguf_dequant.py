@@ -81,8 +81,8 @@ def _f32(blocks: torch.Tensor, out: torch.Tensor) -> None:
     out.copy_(blocks.view(torch.float32))
 
 
-BLOCKS: dict[Q, Callable[[torch.Tensor, torch.Tensor], None]] = {
-    Q.Q4_K: _q4_k, Q.Q5_0: _q5_0, Q.Q6_K: _q6_k, Q.Q8_0: _q8_0, Q.F16: _f16, Q.BF16: _bf16, Q.F32: _f32}  # blocks -> out, in place
+BLOCKS: dict[Q, Callable[[torch.Tensor, torch.Tensor], None]] = {  # blocks -> out, in place
+    Q.Q4_K: _q4_k, Q.Q5_0: _q5_0, Q.Q6_K: _q6_k, Q.Q8_0: _q8_0, Q.F16: _f16, Q.BF16: _bf16, Q.F32: _f32}
 
 
 def dequantize(data: np.ndarray, kind: Q) -> torch.Tensor:

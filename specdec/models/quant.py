@@ -344,14 +344,14 @@ def drawn_codes(shape: tuple[int, int], low: int, high: int, dtype: torch.dtype)
     generator = getattr(_RANDOM, "generator", None)
     if generator is None:
         return None
-    period = torch.randint(low, high + 1, (min(shape[0] * shape[1], DRAWN_PERIOD),), generator=generator, dtype=dtype)
-    return repeated(period, shape)
+    return repeated(lambda count: torch.randint(low, high + 1, (count,), generator=generator, dtype=dtype), shape)
 
 
-def repeated(period: torch.Tensor, shape) -> torch.Tensor:
-    """A tensor of `shape` holding the 1-d `period` over and over (drawn values for a weight whose values no
-    timing depends on)."""
+def repeated(draw: Callable[[int], torch.Tensor], shape) -> torch.Tensor:
+    """A tensor of `shape` holding draw(count)'s values over and over, count = DRAWN_PERIOD at most (drawn values
+    for a weight whose values no timing depends on)."""
     count = torch.Size(shape).numel()
+    period = draw(min(count, DRAWN_PERIOD))  # [period] 1-d
     return period.repeat(-(-count // len(period)))[:count].view(shape)
 
 
@@ -697,8 +697,8 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling=None, d
         raise ValueError("rowwise_attention is for inference (dropout 0)")
     n, length = query.shape[2], key.shape[2]
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-    causal = attention_mask is None or bool((attention_mask | ~int8_forward.causal_rows(n, length - n)).all())
-    if causal and native.library() is not None:
+    if native.library() is not None and (attention_mask is None or  # no padding: the causal rows are all it holds
+                                         bool((attention_mask | ~int8_forward.causal_rows(n, length - n)).all())):
         return native.attend_rows(query.float(), key.float(), value.float(), scaling).to(query.dtype), None
     gqa = query.shape[1] != key.shape[1]
     rows = []
