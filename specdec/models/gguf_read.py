@@ -24,7 +24,7 @@ import contextlib
 import copy
 import functools
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import gguf
 import numpy as np
@@ -185,6 +185,18 @@ class GGUFWeights:
     def float(self, name: str) -> torch.Tensor:
         """Tensor `name` dequantized: [rows, cols] or [n] float32."""
         return gguf_dequant.dequantize(self.raw(name), self.tensors[name].tensor_type)
+
+    def float_rows(self, name: str, rows: int) -> Iterator[torch.Tensor]:
+        """Tensor `name` dequantized `rows` rows at a time, in order: [r, cols] float32 each, the rows `float` gives
+        (dequantization is block by block, and a block never spans two rows)."""
+        raw, kind = self.raw(name), self.tensors[name].tensor_type
+        for start in range(0, len(raw), rows):
+            yield gguf_dequant.dequantize(raw[start:start + rows], kind)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """Tensor `name`'s shape as transformers holds it: [rows, cols], or [n]."""
+        tensor = self.tensors[name]
+        return tuple(int(d) for d in reversed(tensor.shape))
 
     def raw(self, name: str) -> np.ndarray:
         """Tensor `name` as stored (its blocks' bytes [rows, bytes] for a quantized type), rows in transformers'

@@ -39,12 +39,13 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import itertools
 import json
 import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Callable, Iterable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -368,11 +369,28 @@ def _quantized_blocks(weight: torch.Tensor, limit: int) -> tuple[torch.Tensor, t
     """`_quantize_rows` of [M, K] float32 `weight` as int8, BLOCK_BYTES of its rows at a time: the same rows (each
     row depends on itself alone), made where the temporaries stay in cache (one pass over a whole weight
     makes and reads several weight-sized ones)."""
-    codes, scales = torch.empty(weight.shape, dtype=torch.int8), torch.empty(weight.shape[0])
-    step = max(1, BLOCK_BYTES // (4 * weight.shape[1]))
-    for start in range(0, weight.shape[0], step):
-        rows = slice(start, start + step)
-        codes[rows], scales[rows] = _quantize_rows(weight[rows], limit)
+    step = block_rows(weight.shape[1])
+    return _quantized_chunks((weight[start:start + step] for start in range(0, weight.shape[0], step)),
+                             tuple(weight.shape), limit)
+
+
+def block_rows(width: int) -> int:
+    """Rows of float32 [*, width] quantized at a time: BLOCK_BYTES of them."""
+    return max(1, BLOCK_BYTES // (4 * width))
+
+
+def _quantized_chunks(chunks: Iterable[torch.Tensor], shape: tuple[int, int],
+                      limit: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 codes [M, K], scale [M]) of a weight of `shape` whose float32 rows arrive as `chunks` [r, K], in order,
+    each quantized row by row as it arrives (`_quantize_rows`)."""
+    codes, scales = torch.empty(shape, dtype=torch.int8), torch.empty(shape[0])
+    start = 0
+    for chunk in chunks:
+        rows = slice(start, start + chunk.shape[0])
+        codes[rows], scales[rows] = _quantize_rows(chunk, limit)
+        start = rows.stop
+    if start != shape[0]:
+        raise ValueError(f"{start} rows arrived for a weight of {shape[0]}")
     return codes, scales
 
 
@@ -758,7 +776,7 @@ def int8_from_gguf(path: Path) -> tuple[torch.nn.Module, object]:
     (`specdec.models.gguf_read`): the model `quantize_int8` makes of the GGUF's float32 conversion, bit for bit.
 
     Each tensor is dequantized (gguf's dequantization, as the conversion's) and every Linear's weight, q/k/v and
-    gate/up concatenated as quantize_int8 shares them, quantized to int8 row by row; the input embedding is the
+    gate/up joined as quantize_int8 shares them, quantized to int8 row by row, a block of rows dequantized at a time; the input embedding is the
     head's rows (a GGUF without `output.weight`: tied) or its own int8 copy; norms and biases stay float32.
     """
     return gguf_read.from_gguf(path, _fill, "int8")
@@ -772,9 +790,11 @@ def _fill(model: torch.nn.Module, weights: GGUFWeights) -> None:
 
     def layer(name: str, modules: list[torch.nn.Module]) -> Int8Linear:
         members = [names[module] for module in modules]  # one Linear, or the siblings of a shared input
-        weight = torch.cat([weights.float(f"{member}.weight") for member in members])  # [out, in]
+        shape = (sum(weights.shape(f"{m}.weight")[0] for m in members), modules[0].in_features)  # [out, in]: joined
+        step = block_rows(shape[1])  # dequantized and quantized a block of rows at a time: no float32 weight made
+        chunks = itertools.chain.from_iterable(weights.float_rows(f"{m}.weight", step) for m in members)
         bias = None if modules[0].bias is None else torch.cat([weights.float(f"{m}.bias") for m in members])
-        return _int8_layer(modules, *quantize_weight(weight), bias)
+        return _int8_layer(modules, *_quantized_chunks(chunks, shape, weight_limit()), bias)
 
     _int8_layers(model, layer)
     set_embedding(model, None if weights.tied else Int8Embedding.from_float(weights.float(f"{embedding}.weight")))
