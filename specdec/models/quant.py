@@ -790,16 +790,24 @@ def _fill(model: torch.nn.Module, weights: GGUFWeights) -> None:
 
     def layer(name: str, modules: list[torch.nn.Module]) -> Int8Linear:
         members = [names[module] for module in modules]  # one Linear, or the siblings of a shared input
-        shape = (sum(weights.shape(f"{m}.weight")[0] for m in members), modules[0].in_features)  # [out, in]: joined
-        step = block_rows(shape[1])  # dequantized and quantized a block of rows at a time: no float32 weight made
-        chunks = itertools.chain.from_iterable(weights.float_rows(f"{m}.weight", step) for m in members)
         bias = None if modules[0].bias is None else torch.cat([weights.float(f"{m}.bias") for m in members])
-        return _int8_layer(modules, *_quantized_chunks(chunks, shape, weight_limit()), bias)
+        return _int8_layer(modules, *gguf_codes(weights, [f"{m}.weight" for m in members], weight_limit()), bias)
 
     _int8_layers(model, layer)
-    set_embedding(model, None if weights.tied else Int8Embedding.from_float(weights.float(f"{embedding}.weight")))
+    set_embedding(model, None if weights.tied else Int8Embedding(*gguf_codes(weights, [f"{embedding}.weight"],
+                                                                              INT8_MAX)))
     rest = {name: weights.float(name) for name, parameter in model.named_parameters() if parameter.is_meta}
     model.load_state_dict(rest, strict=False, assign=True)
+
+
+def gguf_codes(weights: GGUFWeights, names: list[str], limit: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 codes [out, in], scale [out]) of the GGUF tensors `names`, their rows one after another (q/k/v, gate/up),
+    quantized row by row in [-limit, limit] as `_row_codes` quantizes their float32 values: dequantized and quantized
+    a block of rows at a time (`block_rows`), so no float32 copy of a whole weight is made."""
+    shape = (sum(weights.shape(name)[0] for name in names), weights.shape(names[0])[1])
+    step = block_rows(shape[1])
+    return _quantized_chunks(itertools.chain.from_iterable(weights.float_rows(name, step) for name in names), shape,
+                             limit)
 
 
 def on_meta(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:

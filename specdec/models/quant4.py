@@ -357,7 +357,7 @@ def _fill(model: torch.nn.Module, weights: GGUFWeights) -> None:
         if name != head and weights.bits(weight) < INT4_BELOW_BITS and fits_int4(module.out_features,
                                                                                   module.in_features):
             return Int4Linear(_groups(weights, weight), bias)
-        return Int8Linear(weights.float(weight), bias)
+        return Int8Linear.from_quantized(*quant.gguf_codes(weights, [weight], quant.weight_limit()), bias)
 
     dim, table = model.get_input_embeddings().embedding_dim, f"{embedding}.weight"
     quant._int8_layers(model, layer, share_inputs=False)
@@ -370,6 +370,6 @@ def _fill(model: torch.nn.Module, weights: GGUFWeights) -> None:
 def _groups(weights: GGUFWeights, name: str) -> Int4Groups:
     """Tensor `name` as Int4Groups: a q4_K tensor's own codes (rows in transformers' order), any other
     requantized."""
-    if weights.tensors[name].tensor_type != gguf.GGMLQuantizationType.Q4_K:
-        return groups_from_float(weights.float(name))
+    if weights.tensors[name].tensor_type != gguf.GGMLQuantizationType.Q4_K:  # CHUNK_ROWS dequantized at a time
+        return _joined([groups_from_float(rows) for rows in weights.float_rows(name, CHUNK_ROWS)])
     return groups_from_q4_k(weights.raw(name))
