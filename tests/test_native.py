@@ -30,7 +30,7 @@ def exact_everywhere(limit: int, on_tiles: bool = False) -> None:
         weight[:3], weight[3:5] = limit, -limit  # extremes
         packed = native.pack(weight)
         assert torch.equal(native.unpack(packed), weight)
-        for m in range(1, 21):
+        for m in (*range(1, 21), 27, 44, 61):  # 16-row groups: whole, with a part of 11, 12 or 13 rows
             x_q = torch.randint(-127, 128, (m, k), generator=generator).float()
             x_q[0] = -127
             assert torch.equal(native._product(x_q, packed, on_tiles), quant._int_mm(x_q, weight)), (n, k, m)

@@ -6,8 +6,9 @@
    xu = x + 128 (VNNI and AMX multiply u8 by s8); bias128[n] = 128 * sum_k w[n, k] takes the shift back out.
 
    The paths, compiled for the CPU at hand (-march=native):
-   - AVX512-VNNI: each weight vector read once for up to 12 rows, the blocks of 16 outputs one after another (one
-     sequential stream), or two at a time from 7 rows on.
+   - AVX512-VNNI: each weight vector read once for up to 11 rows, the blocks of 16 outputs one after another (one
+     sequential stream), or two at a time from 7 rows on; from 12 rows on, 16 rows at a time in one vector, each
+     weight's inputs broadcast (a prompt's rows).
    - AMX tiles, 16 rows at a time, where the compiler targets them and the OS grants them (the caller passes `tiles`
      from the row count its timing found them faster from).
    - AVX2 without VNNI: each half vector (8 outputs x 4 k) read once for up to 4 rows. Its pair product
@@ -85,6 +86,55 @@ static void vector_blocks(const uint8_t *xu, int64_t M, int64_t K, const int8_t 
     }
 }
 
+/* Many rows (a prompt, or a verification of 11 drafts or more), 16 at a time: the 16 rows' inputs in one vector and
+   each weight's 4 inputs broadcast, so a step is one load of the rows and 16 dot products, one per output of a block.
+   The pass above, made for few rows, runs at half the dot-product rate on 12 rows or more (a Zen 4: 1.7 G dot
+   products a second on a core against 3.5 here, and a prompt's product 1.7-1.9x as long, docs/performance.md). The
+   rows are laid out as [groups][K/4][16][4]: 4 consecutive inputs of 16 rows per vector, rows past M as x = 0 (128);
+   from PROMPT_ROWS rows on, whole groups of 16 take this path, and a last part of PROMPT_ROWS rows or more is padded
+   to a group, a smaller one takes the pass above on the same blocks while they are in the cache. */
+#define PROMPT_ROWS 12  /* rows from which a product takes this path (from 12 rows on it is faster, docs/performance.md) */
+static void rows_by_16(const uint8_t *xu, int64_t M, int64_t groups, int64_t K, uint8_t *xp) {
+    const int64_t K4 = K / 4;
+    for (int64_t grp = 0; grp < groups; grp++)
+        for (int64_t r = 0; r < 16; r++) {
+            int32_t *to = (int32_t *)(xp + grp * K4 * 64) + r;
+            if (grp * 16 + r >= M) { for (int64_t g = 0; g < K4; g++) to[g * 16] = (int32_t)0x80808080; continue; }
+            const int32_t *row = (const int32_t *)(xu + (grp * 16 + r) * K);
+            for (int64_t g = 0; g < K4; g++) to[g * 16] = row[g];
+        }
+}
+#define PROMPT_DOT(n) c##n = _mm512_dpbusd_epi32(c##n, a, _mm512_set1_epi32(*(const int32_t *)(wg + 4 * n)));
+#define PROMPT_STORE(n) _mm512_store_si512(sums + 16 * n, c##n);
+/* one block of 16 outputs (wb: [K/4][16][4]) for one group of 16 rows (xg: [K/4][16][4]): sums[n][row] */
+static inline void prompt_tile(const uint8_t *xg, const int8_t *wb, int64_t K4, int32_t *sums) {
+    __m512i c0 = _mm512_setzero_si512(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0, c8 = c0, c9 = c0,
+            c10 = c0, c11 = c0, c12 = c0, c13 = c0, c14 = c0, c15 = c0;
+    for (int64_t g = 0; g < K4; g++) {
+        _mm_prefetch((const char *)(wb + g * 64 + PREFETCH), _MM_HINT_T0);
+        const __m512i a = _mm512_loadu_si512(xg + g * 64);
+        const int8_t *wg = wb + g * 64;
+        PROMPT_DOT(0) PROMPT_DOT(1) PROMPT_DOT(2) PROMPT_DOT(3) PROMPT_DOT(4) PROMPT_DOT(5) PROMPT_DOT(6) PROMPT_DOT(7)
+        PROMPT_DOT(8) PROMPT_DOT(9) PROMPT_DOT(10) PROMPT_DOT(11) PROMPT_DOT(12) PROMPT_DOT(13) PROMPT_DOT(14) PROMPT_DOT(15)
+    }
+    PROMPT_STORE(0) PROMPT_STORE(1) PROMPT_STORE(2) PROMPT_STORE(3) PROMPT_STORE(4) PROMPT_STORE(5) PROMPT_STORE(6)
+    PROMPT_STORE(7) PROMPT_STORE(8) PROMPT_STORE(9) PROMPT_STORE(10) PROMPT_STORE(11) PROMPT_STORE(12) PROMPT_STORE(13)
+    PROMPT_STORE(14) PROMPT_STORE(15)
+}
+static void prompt_blocks(const uint8_t *xp, int64_t M, int64_t groups, int64_t K, const int8_t *w, const int32_t *bias128,
+                          int64_t b0, int64_t b1, int64_t N, float *out, int64_t ldo) {
+    const int64_t K4 = K / 4;
+    int32_t sums[256] __attribute__((aligned(64)));
+    for (int64_t blk = b0; blk < b1; blk++) {
+        const int64_t n0 = blk * 16, width = N - n0 < 16 ? N - n0 : 16;
+        for (int64_t grp = 0; grp < groups; grp++) {
+            prompt_tile(xp + grp * K4 * 64, w + blk * K4 * 64, K4, sums);
+            for (int64_t n = 0; n < width; n++)
+                for (int64_t r = 0; r < 16 && grp * 16 + r < M; r++)
+                    out[(grp * 16 + r) * ldo + n0 + n] = (float)(sums[n * 16 + r] - bias128[n0 + n]);
+        }
+    }
+}
 #elif defined(__AVX2__)
 #define MB_MAX 4   /* rows one AVX2 pass reads each half vector for (16 registers: sums, rows, the weight) */
 
@@ -149,6 +199,12 @@ static void vector_blocks(const uint8_t *xu, int64_t M, int64_t K, const int8_t 
                 case 1: TILE(1, 1); break; case 2: TILE(1, 2); break; case 3: TILE(1, 3); break;
                 default: TILE(1, 4); break;
             }
+}
+#define PROMPT_ROWS 0  /* no prompt path: AVX2's pass above takes every row */
+static void rows_by_16(const uint8_t *xu, int64_t M, int64_t groups, int64_t K, uint8_t *xp) { (void)xu; (void)M; (void)groups; (void)K; (void)xp; }
+static void prompt_blocks(const uint8_t *xp, int64_t M, int64_t groups, int64_t K, const int8_t *w, const int32_t *bias128,
+                          int64_t b0, int64_t b1, int64_t N, float *out, int64_t ldo) {
+    (void)xp; (void)M; (void)groups; (void)K; (void)w; (void)bias128; (void)b0; (void)b1; (void)N; (void)out; (void)ldo;
 }
 #else
 #error "the int8 product is written for AVX512-VNNI or AVX2: the compiler's plain code is slower than fbgemm"
@@ -414,12 +470,20 @@ void row_sums(const int8_t *w, int64_t N, int64_t K, int32_t *out, int threads) 
 void int8_product(const uint8_t *xu, int64_t M, int64_t K, const int8_t *w, const int32_t *bias128, int64_t N,
                   float *out, int tiles, int threads) {
     const int64_t blocks = (N + 15) / 16, chunk = 4;
+    const int64_t whole = M / 16, groups = !tiles && PROMPT_ROWS && M >= PROMPT_ROWS ? whole + (M - 16 * whole >= PROMPT_ROWS) : 0;
+    uint8_t *xp = groups ? malloc(16 * groups * K) : NULL;  /* without it, the rows take the path above */
+    if (xp) rows_by_16(xu, M, groups, K, xp);
+    const int64_t first = xp ? (16 * groups < M ? 16 * groups : M) : 0;  /* the rows past the groups: the path above */
     #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t b0 = 0; b0 < blocks; b0 += chunk) {
         const int64_t b1 = b0 + chunk < blocks ? b0 + chunk : blocks;
         if (tiles) amx_blocks(xu, M, K, w, bias128, b0, b1, N, out, N);
-        else vector_blocks(xu, M, K, w, bias128, b0, b1, N, out, N);
+        else {
+            if (xp) prompt_blocks(xp, M, groups, K, w, bias128, b0, b1, N, out, N);
+            if (M > first) vector_blocks(xu + first * K, M - first, K, w, bias128, b0, b1, N, out + first * N, N);
+        }
     }
+    free(xp);
 }
 
 /* A row-invariant int8 Linear, what specdec.models.quant.Int8Linear computes with torch ops, the same operations
