@@ -93,36 +93,36 @@ static void vector_blocks(const uint8_t *xu, int64_t M, int64_t K, const int8_t 
    rows are laid out as [groups][K/4][16][4]: 4 consecutive inputs of 16 rows per vector, rows past M as x = 0 (128);
    from PROMPT_ROWS rows on, whole groups of 16 take this path, and a last part of PROMPT_ROWS rows or more is padded
    to a group, a smaller one takes the pass above on the same blocks while they are in the cache. */
-#define PROMPT_ROWS 12  /* rows from which a product takes this path (from 12 rows on it is faster, docs/performance.md) */
+#define PROMPT_ROWS 12  /* rows from which a product takes this path (faster from 12 rows on, docs/performance.md) */
 static void rows_by_16(const uint8_t *xu, int64_t M, int64_t groups, int64_t K, uint8_t *xp) {
     const int64_t K4 = K / 4;
     for (int64_t grp = 0; grp < groups; grp++)
         for (int64_t r = 0; r < 16; r++) {
             int32_t *to = (int32_t *)(xp + grp * K4 * 64) + r;
-            if (grp * 16 + r >= M) { for (int64_t g = 0; g < K4; g++) to[g * 16] = (int32_t)0x80808080; continue; }
             const int32_t *row = (const int32_t *)(xu + (grp * 16 + r) * K);
-            for (int64_t g = 0; g < K4; g++) to[g * 16] = row[g];
+            for (int64_t g = 0; g < K4; g++) to[g * 16] = grp * 16 + r < M ? row[g] : (int32_t)0x80808080;
         }
 }
 #define PROMPT_DOT(n) c##n = _mm512_dpbusd_epi32(c##n, a, _mm512_set1_epi32(*(const int32_t *)(wg + 4 * n)));
 #define PROMPT_STORE(n) _mm512_store_si512(sums + 16 * n, c##n);
 /* one block of 16 outputs (wb: [K/4][16][4]) for one group of 16 rows (xg: [K/4][16][4]): sums[n][row] */
 static inline void prompt_tile(const uint8_t *xg, const int8_t *wb, int64_t K4, int32_t *sums) {
-    __m512i c0 = _mm512_setzero_si512(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0, c8 = c0, c9 = c0,
-            c10 = c0, c11 = c0, c12 = c0, c13 = c0, c14 = c0, c15 = c0;
+    __m512i c0 = _mm512_setzero_si512(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0, c8 = c0,
+            c9 = c0, c10 = c0, c11 = c0, c12 = c0, c13 = c0, c14 = c0, c15 = c0;
     for (int64_t g = 0; g < K4; g++) {
         _mm_prefetch((const char *)(wb + g * 64 + PREFETCH), _MM_HINT_T0);
         const __m512i a = _mm512_loadu_si512(xg + g * 64);
         const int8_t *wg = wb + g * 64;
-        PROMPT_DOT(0) PROMPT_DOT(1) PROMPT_DOT(2) PROMPT_DOT(3) PROMPT_DOT(4) PROMPT_DOT(5) PROMPT_DOT(6) PROMPT_DOT(7)
-        PROMPT_DOT(8) PROMPT_DOT(9) PROMPT_DOT(10) PROMPT_DOT(11) PROMPT_DOT(12) PROMPT_DOT(13) PROMPT_DOT(14) PROMPT_DOT(15)
+        PROMPT_DOT(0) PROMPT_DOT(1) PROMPT_DOT(2) PROMPT_DOT(3) PROMPT_DOT(4) PROMPT_DOT(5) PROMPT_DOT(6)
+        PROMPT_DOT(7) PROMPT_DOT(8) PROMPT_DOT(9) PROMPT_DOT(10) PROMPT_DOT(11) PROMPT_DOT(12) PROMPT_DOT(13)
+        PROMPT_DOT(14) PROMPT_DOT(15)
     }
     PROMPT_STORE(0) PROMPT_STORE(1) PROMPT_STORE(2) PROMPT_STORE(3) PROMPT_STORE(4) PROMPT_STORE(5) PROMPT_STORE(6)
     PROMPT_STORE(7) PROMPT_STORE(8) PROMPT_STORE(9) PROMPT_STORE(10) PROMPT_STORE(11) PROMPT_STORE(12) PROMPT_STORE(13)
     PROMPT_STORE(14) PROMPT_STORE(15)
 }
-static void prompt_blocks(const uint8_t *xp, int64_t M, int64_t groups, int64_t K, const int8_t *w, const int32_t *bias128,
-                          int64_t b0, int64_t b1, int64_t N, float *out, int64_t ldo) {
+static void prompt_blocks(const uint8_t *xp, int64_t M, int64_t groups, int64_t K, const int8_t *w,
+                          const int32_t *bias128, int64_t b0, int64_t b1, int64_t N, float *out, int64_t ldo) {
     const int64_t K4 = K / 4;
     int32_t sums[256] __attribute__((aligned(64)));
     for (int64_t blk = b0; blk < b1; blk++) {
@@ -199,12 +199,6 @@ static void vector_blocks(const uint8_t *xu, int64_t M, int64_t K, const int8_t 
                 case 1: TILE(1, 1); break; case 2: TILE(1, 2); break; case 3: TILE(1, 3); break;
                 default: TILE(1, 4); break;
             }
-}
-#define PROMPT_ROWS 0  /* no prompt path: AVX2's pass above takes every row */
-static void rows_by_16(const uint8_t *xu, int64_t M, int64_t groups, int64_t K, uint8_t *xp) { (void)xu; (void)M; (void)groups; (void)K; (void)xp; }
-static void prompt_blocks(const uint8_t *xp, int64_t M, int64_t groups, int64_t K, const int8_t *w, const int32_t *bias128,
-                          int64_t b0, int64_t b1, int64_t N, float *out, int64_t ldo) {
-    (void)xp; (void)M; (void)groups; (void)K; (void)w; (void)bias128; (void)b0; (void)b1; (void)N; (void)out; (void)ldo;
 }
 #else
 #error "the int8 product is written for AVX512-VNNI or AVX2: the compiler's plain code is slower than fbgemm"
@@ -470,18 +464,27 @@ void row_sums(const int8_t *w, int64_t N, int64_t K, int32_t *out, int threads) 
 void int8_product(const uint8_t *xu, int64_t M, int64_t K, const int8_t *w, const int32_t *bias128, int64_t N,
                   float *out, int tiles, int threads) {
     const int64_t blocks = (N + 15) / 16, chunk = 4;
-    const int64_t whole = M / 16, groups = !tiles && PROMPT_ROWS && M >= PROMPT_ROWS ? whole + (M - 16 * whole >= PROMPT_ROWS) : 0;
-    uint8_t *xp = groups ? malloc(16 * groups * K) : NULL;  /* without it, the rows take the path above */
+#ifdef PROMPT_ROWS  /* groups of 16 rows for the prompt path: whole ones, and a last part of PROMPT_ROWS or more */
+    const int64_t whole = M / 16, groups = !tiles && M >= PROMPT_ROWS ? whole + (M - 16 * whole >= PROMPT_ROWS) : 0;
+#else
+    const int64_t groups = 0;  /* AVX2: its pass takes every row */
+#endif
+    uint8_t *xp = groups ? malloc(16 * groups * K) : NULL;  /* without it, every row takes the vector pass */
+    const int64_t first = xp ? (16 * groups < M ? 16 * groups : M) : 0;  /* the rows past the groups: the pass */
+#ifdef PROMPT_ROWS
     if (xp) rows_by_16(xu, M, groups, K, xp);
-    const int64_t first = xp ? (16 * groups < M ? 16 * groups : M) : 0;  /* the rows past the groups: the path above */
+#endif
     #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t b0 = 0; b0 < blocks; b0 += chunk) {
         const int64_t b1 = b0 + chunk < blocks ? b0 + chunk : blocks;
-        if (tiles) amx_blocks(xu, M, K, w, bias128, b0, b1, N, out, N);
-        else {
-            if (xp) prompt_blocks(xp, M, groups, K, w, bias128, b0, b1, N, out, N);
-            if (M > first) vector_blocks(xu + first * K, M - first, K, w, bias128, b0, b1, N, out + first * N, N);
+        if (tiles) {
+            amx_blocks(xu, M, K, w, bias128, b0, b1, N, out, N);
+            continue;
         }
+#ifdef PROMPT_ROWS
+        if (xp) prompt_blocks(xp, M, groups, K, w, bias128, b0, b1, N, out, N);
+#endif
+        if (M > first) vector_blocks(xu + first * K, M - first, K, w, bias128, b0, b1, N, out + first * N, N);
     }
     free(xp);
 }

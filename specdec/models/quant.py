@@ -776,8 +776,9 @@ def int8_from_gguf(path: Path) -> tuple[torch.nn.Module, object]:
     (`specdec.models.gguf_read`): the model `quantize_int8` makes of the GGUF's float32 conversion, bit for bit.
 
     Each tensor is dequantized (gguf's dequantization, as the conversion's) and every Linear's weight, q/k/v and
-    gate/up joined as quantize_int8 shares them, quantized to int8 row by row, a block of rows dequantized at a time; the input embedding is the
-    head's rows (a GGUF without `output.weight`: tied) or its own int8 copy; norms and biases stay float32.
+    gate/up joined as quantize_int8 shares them, quantized to int8 row by row, a block of rows at a time
+    (`gguf_codes`); the input embedding is the head's rows (a GGUF without `output.weight`: tied) or its own int8
+    copy; norms and biases stay float32.
     """
     return gguf_read.from_gguf(path, _fill, "int8")
 
