@@ -51,14 +51,32 @@ def test_binaries_are_found_only_when_both_are_there(binaries, tmp_path, monkeyp
 def test_outputs_are_parsed_and_arguments_passed(binaries, tmp_path):
     found, log = binaries
     assert llamacpp.target_alone_tok_s(found, tmp_path / "t.gguf", 16, 2) == 29.7
-    tok_s, accept = llamacpp.speculative(found, tmp_path / "t.gguf", tmp_path / "d.gguf", "def f():", 16, 4, 2)
-    assert tok_s == 20.0 and accept == 0.75
+    tok_s, accept, repacked = llamacpp.speculative(found, tmp_path / "t.gguf", tmp_path / "d.gguf", "def f():",
+                                                   16, 4, 2)
+    assert tok_s == 20.0 and accept == 0.75 and repacked
     bench_args, spec_args = [json.loads(line) for line in log.read_text().splitlines()]
     assert bench_args[bench_args.index("-n") + 1] == "16" and "-p" in bench_args
     assert spec_args[spec_args.index("--spec-draft-n-max") + 1] == "4" and "--temp" in spec_args
+    assert llamacpp.NO_REPACK not in spec_args
     run = llamacpp.LlamaCppRun("d", 4, "code-01", 29.7, 20.0, 0.75)
-    assert run.speedup == pytest.approx(20 / 29.7) and "| d | 4 | code-01 | 29.70 | 20.00 | 0.67x | 75% |" in \
-        llamacpp.markdown([run])
+    assert run.speedup == pytest.approx(20 / 29.7) and \
+        "| d | 4 | code-01 | 29.70 | 20.00 | 0.67x | 75% | repacked |" in llamacpp.markdown([run])
+
+
+def test_a_speculative_run_that_crashes_runs_again_with_its_weights_as_stored(binaries, tmp_path):
+    """Seen on a CPU with AMX tiles: its repacked product over several rows ends in a segmentation fault."""
+    found, log = binaries
+    (tmp_path / "spec.out").write_text(SPEC_OUT)
+    (tmp_path / llamacpp.SPECULATIVE).write_text(
+        f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'spec.log'}\n"
+        f"case \"$*\" in *{llamacpp.NO_REPACK}*) cat {tmp_path / 'spec.out'} ;; *) kill -SEGV $$ ;; esac\n")
+    tok_s, accept, repacked = llamacpp.speculative(found, tmp_path / "t.gguf", tmp_path / "d.gguf", "def f():",
+                                                   16, 4, 2)
+    assert (tok_s, accept, repacked) == (20.0, 0.75, False)
+    first, second = (tmp_path / "spec.log").read_text().splitlines()
+    assert llamacpp.NO_REPACK not in first and second.endswith(llamacpp.NO_REPACK)
+    run = llamacpp.LlamaCppRun("d", 4, "code-01", 29.7, 20.0, 0.75, repacked)
+    assert "| 75% | as stored (the repacked run crashed) |" in llamacpp.markdown([run])
 
 
 def test_the_bench_section_runs_each_draft_k_and_prompt(binaries, tmp_path, monkeypatch):

@@ -128,12 +128,12 @@ def llama_cpp_section(args, target, prompts, out: Path) -> str:
             for spec, draft_gguf in drafts.items():
                 for k in sorted({K_AUTO_START if k == "auto" else k for k in args.k}):
                     try:
-                        tok_s, accept = llamacpp.speculative(binaries, target_gguf, draft_gguf, text,
-                                                             args.max_new_tokens, k, threads)
+                        tok_s, accept, repacked = llamacpp.speculative(binaries, target_gguf, draft_gguf, text,
+                                                                       args.max_new_tokens, k, threads)
                     except ValueError as error:
                         failed.append(f"- {spec} k={k} {prompt.id}: {_first_line(error)}")
                         continue
-                    runs.append(llamacpp.LlamaCppRun(spec, k, prompt.id, alone, tok_s, accept))
+                    runs.append(llamacpp.LlamaCppRun(spec, k, prompt.id, alone, tok_s, accept, repacked))
                     print(f"llama.cpp {spec} k={k} {prompt.id}: {tok_s:.2f} tok/s ({runs[-1].speedup:.2f}x its "
                           f"target alone, {alone:.2f} tok/s)", flush=True)
     files.write_text(out / "llama_cpp.json", json.dumps([asdict(r) for r in runs], indent=1))

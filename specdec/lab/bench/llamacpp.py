@@ -5,7 +5,9 @@ the target and a draft are catalogue models with packaged GGUF files, the bench 
 
 - llama.cpp's target alone: `llama-bench -p 0 -n N` (generation tokens/s, no prompt);
 - llama.cpp's speculative decoding: `llama-speculative-simple --spec-type draft-simple` with the same
-  draft, k (`--spec-draft-n-max`), prompt text and length, greedy (decoded tokens / decode seconds).
+  draft, k (`--spec-draft-n-max`), prompt text and length, greedy (decoded tokens / decode seconds). A run that
+  dies by a signal runs once more with its weights as stored (`--no-repack`: on a CPU with AMX tiles one build's
+  repacked product over several rows crashes), and its row says so.
 
 Nothing in specdec needs llama.cpp; without the binaries this column is simply absent.
 """
@@ -27,6 +29,11 @@ BENCH, SPECULATIVE = "llama-bench", "llama-speculative-simple"
 TIMEOUT_S = 900  # one llama.cpp call at most
 DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
 COUNTER = re.compile(r"(n_drafted|n_accept)\s*=\s*(\d+)")
+NO_REPACK = "--no-repack"  # its weights as stored, not repacked for the CPU: the retry after a crash
+
+
+class Crashed(ValueError):
+    """A llama.cpp binary ended by a signal."""
 
 
 @dataclass
@@ -39,6 +46,7 @@ class LlamaCppRun:
     target_alone_tok_s: float  # llama-bench generation tokens/s of the target
     speculative_tok_s: float  # decoded tokens / decode seconds of llama-speculative-simple
     accept_rate: float  # n_accept / n_drafted as llama.cpp counts them
+    repacked: bool = True  # False: the run with weights repacked for the CPU crashed; this one read them as stored
 
     @property
     def speedup(self) -> float:
@@ -71,29 +79,35 @@ def target_alone_tok_s(binaries: dict[str, Path], target: Path, new_tokens: int,
 
 
 def speculative(binaries: dict[str, Path], target: Path, draft: Path, prompt: str, new_tokens: int, k: int,
-                threads: int) -> tuple[float, float]:
-    """(decoded tokens/s, acceptance) of llama-speculative-simple, greedy, k drafts per round."""
-    out = _run([binaries[SPECULATIVE], "-m", target, "-md", draft, "--spec-type", "draft-simple", "-p", prompt,
-                "-n", new_tokens, "-t", threads, "--spec-draft-n-max", k, "--temp", "0"])
+                threads: int) -> tuple[float, float, bool]:
+    """(decoded tokens/s, acceptance, repacked) of llama-speculative-simple, greedy, k drafts per round; after a
+    crash once more with its weights as stored (repacked False)."""
+    argv = [binaries[SPECULATIVE], "-m", target, "-md", draft, "--spec-type", "draft-simple", "-p", prompt,
+            "-n", new_tokens, "-t", threads, "--spec-draft-n-max", k, "--temp", "0"]
+    try:
+        out, repacked = _run(argv), True
+    except Crashed:
+        out, repacked = _run(argv + [NO_REPACK]), False
     decoded = DECODED.search(out)
     if decoded is None:
         raise ValueError(f"{SPECULATIVE} printed no 'decoded N tokens in S seconds' line: {out[-300:]}")
     counters = {name: int(value) for name, value in COUNTER.findall(out)}
     accept = counters.get("n_accept", 0) / counters["n_drafted"] if counters.get("n_drafted") else 0.0
-    return int(decoded.group(1)) / float(decoded.group(2)), accept
+    return int(decoded.group(1)) / float(decoded.group(2)), accept, repacked
 
 
 def _run(argv: list) -> str:
     completed = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=TIMEOUT_S)
     if completed.returncode != 0:
-        raise ValueError(f"{Path(str(argv[0])).name} failed ({completed.returncode}): {completed.stderr[-300:]}")
+        raise (Crashed if completed.returncode < 0 else ValueError)(f"{Path(str(argv[0])).name} failed ({completed.returncode}): {completed.stderr[-300:]}")
     return completed.stdout + completed.stderr
 
 
 def markdown(runs: list[LlamaCppRun]) -> str:
     """The report's llama.cpp section: one row per (draft, k, prompt)."""
     lines = ["| draft | k | prompt | llama.cpp target alone tok/s | llama.cpp speculative tok/s | its speedup | "
-             "its acceptance |", "|---|---|---|---|---|---|---|"]
+             "its acceptance | its weights |", "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r.draft} | {r.k} | {r.prompt_id} | {r.target_alone_tok_s:.2f} | {r.speculative_tok_s:.2f} | "
-              f"{r.speedup:.2f}x | {r.accept_rate:.0%} |" for r in runs]
+              f"{r.speedup:.2f}x | {r.accept_rate:.0%} | "
+              f"{'repacked' if r.repacked else 'as stored (the repacked run crashed)'} |" for r in runs]
     return "\n".join(lines)
