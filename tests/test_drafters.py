@@ -76,6 +76,20 @@ def test_a_model_on_track_is_copied_after_only_where_it_starts_the_copy_itself(s
     assert proposal.draft_distributions(128).shape == (4, 128)
 
 
+def test_a_copy_that_passed_whole_goes_on_without_the_models_tokens_first_until_it_misses():
+    policy = SamplingPolicy(0.0, 1.0, torch.Generator(), 128)
+    hybrid = HybridDrafter(Scripted([30, 31, 32, 33]))
+    start = [5, 6, 7, 30, 31, 40, 41, 9]
+    hybrid.propose(start, 2, policy)  # the model's [30, 31]
+    on_track = start + [30, 31, 50, 5, 6, 7]
+    assert hybrid.propose(on_track, 4, policy).source == "model+lookup"  # the model starts the copy [30, 31, 40, 41]
+    passed = on_track + [30, 31, 40, 41, 9]  # it passed whole; [40, 41, 9] occurred before, followed by [30, 31, ...]
+    going_on = hybrid.propose(passed, 4, policy)
+    assert (going_on.token_ids, going_on.source, going_on.forwards) == ([30, 31, 50, 5], "lookup", 0)
+    missed = passed + [30, 99, 5, 6, 7]  # that copy missed at its second token; [5, 6, 7] repeats again
+    assert hybrid.propose(missed, 4, policy).source == "model+lookup"  # the model's tokens first again
+
+
 @pytest.mark.parametrize("noise, sources", [(0.3, {"lookup", "model"}), (0.0, {"model+lookup", "model"})])
 def test_hybrid_greedy_output_is_the_target_alone(pair, noise, sources):
     """A draft that misses (copies proposed as they are) and one on track (copies it starts itself)."""

@@ -8,7 +8,7 @@
 | `aligned:NAME` | a draft of another family moved onto the target's tokenizer, registered in the cache (`specdec.models.aligned`) |
 | `lookup` | `PromptLookupDraft` (Saxena 2023) |
 | `self:L` | `SelfSpeculativeDraft`: the target's first L layers (Zhang et al. 2023) |
-| `MODEL+lookup` | `HybridDrafter`: prompt lookup where the model has just missed or starts the copy itself, the model otherwise |
+| `MODEL+lookup` | `HybridDrafter`: prompt lookup where the model has just missed, starts the copy itself or a copy is on track; the model otherwise |
 | `MODEL@vocab=FILE` | `PrunedVocabularyDrafter`: the model drafting over the token ids in FILE only (FR-Spec, Zhao et al. 2025) |
 
 `DraftSpec.parse` (`specdec.drafters.spec`) reads the spec once, for this factory and the app's allow-list.

@@ -1,12 +1,15 @@
-"""Hybrid drafting: copy from the context where the draft model has just missed, or where it starts the copy itself.
+"""Hybrid drafting: copy from the context where the draft model has just missed, where it starts the copy itself,
+and while a copy is on track.
 
 Prompt lookup (Saxena 2023) is free and, on text that repeats its input (summaries, code edits), long
 and right; a draft model (Leviathan et al. 2023) costs forwards but guesses anywhere. Each round, where lookup
 finds a continuation (the context's last HYBRID_MIN_NGRAM tokens occurred before):
-- the model's last proposal did not pass whole (it has just missed): the copy is proposed as it is;
-- the model is on track: the model drafts AGREE_BEFORE_COPY tokens first, and the copy's rest follows them only
+- the model's last proposal did not pass whole (it has just missed), or the last copy did (the copy is on track):
+  the copy is proposed as it is;
+- else the model, on track, drafts AGREE_BEFORE_COPY tokens first, and the copy's rest follows them only
   if they are the copy's own first tokens (else the model drafts on), so a copy never interrupts a model on track
-  where the earlier occurrence goes on differently, yet saves its forwards where it does not.
+  where the earlier occurrence goes on differently, yet saves its forwards where it does not; once such a copy has
+  passed whole, the next ones go on without the model's tokens first until one misses.
 The target verifies with the one rule of `specdec.core.verify`, so greedy output is the target's and sampling stays
 lossless: which source proposes depends on the context and the tokens already drafted only; a copied token is a
 point mass given the tokens before it, a modelled one carries its p_draft.
@@ -27,13 +30,14 @@ AGREE_BEFORE_COPY = 2  # tokens a model on track drafts itself before a copy tha
 
 
 class HybridDrafter:
-    """Prompt lookup where the model has just missed or starts the copy itself, `model_drafter` otherwise (the
-    model's cache catches up later)."""
+    """Prompt lookup where the model has just missed, starts the copy itself or a copy is on track; `model_drafter`
+    otherwise (the model's cache catches up later)."""
 
     def __init__(self, model_drafter: Drafter, lookup: PromptLookupDraft | None = None):
         self.model_drafter = model_drafter  # a ModelDrafter or TextBridgeDrafter
         self.lookup = lookup or PromptLookupDraft(max_ngram=3, min_ngram=HYBRID_MIN_NGRAM)
         self.last_model: tuple[int, list[int]] | None = None  # the model's last proposal: (context length, tokens)
+        self.last_copy: tuple[int, list[int]] | None = None  # the last copied tokens proposed: (their position, tokens)
 
     @property
     def forwards(self) -> int:
@@ -51,20 +55,22 @@ class HybridDrafter:
     def reset(self) -> None:
         self.model_drafter.reset()
         self.lookup.reset()
-        self.last_model = None
+        self.last_model = self.last_copy = None
 
     def prefill(self, prompt_ids: list[int]) -> float:
         return self.model_drafter.prefill(prompt_ids)
 
     def propose(self, context_ids: list[int], n: int, policy: SamplingPolicy) -> Proposal:
         copied = self.lookup.propose(context_ids, n, policy)
-        if copied.token_ids and not self.model_on_track(context_ids):
-            return copied
+        if copied.token_ids and (self.passed(self.last_copy, context_ids)
+                                 or not self.passed(self.last_model, context_ids)):
+            return self._copied(context_ids, copied)
         if len(copied.token_ids) <= AGREE_BEFORE_COPY:  # nothing to copy, or nothing the model would not draft
             return self._modelled(context_ids, n, policy, copied.time_s)
         head = self._modelled(context_ids, AGREE_BEFORE_COPY, policy, copied.time_s)
         if head.token_ids == copied.token_ids[:AGREE_BEFORE_COPY]:
             tail = Proposal(copied.token_ids[AGREE_BEFORE_COPY:], None)
+            self.last_copy = (len(context_ids) + AGREE_BEFORE_COPY, tail.token_ids)
             return _joined(head, tail, policy, "model+lookup")
         if len(head.token_ids) < AGREE_BEFORE_COPY or _ended_unsure(head, policy):
             return head  # the model stopped there, as it would have drafting alone
@@ -75,7 +81,12 @@ class HybridDrafter:
     def copy(self, context_ids: list[int], n: int, policy: SamplingPolicy) -> Proposal:
         """Prompt lookup's proposal alone (up to n tokens, no model forward), for a round the k="auto" controller
         gave no model drafts (`specdec.core.schedule`: a copy round); its source is "copy"."""
-        return replace(self.lookup.propose(context_ids, n, policy), source=COPY)
+        return replace(self._copied(context_ids, self.lookup.propose(context_ids, n, policy)), source=COPY)
+
+    def _copied(self, context_ids: list[int], copied: Proposal) -> Proposal:
+        """Prompt lookup's proposal as it is, remembered as the last copy."""
+        self.last_copy = (len(context_ids), copied.token_ids)
+        return copied
 
     def _modelled(self, context_ids: list[int], n: int, policy: SamplingPolicy, lookup_s: float) -> Proposal:
         """The model's proposal (its time with the lookup's), remembered as its last."""
@@ -84,12 +95,14 @@ class HybridDrafter:
         self.last_model = (len(context_ids), proposal.token_ids)
         return proposal
 
-    def model_on_track(self, context_ids: list[int]) -> bool:
-        """Whether the model's last proposal passed whole: its tokens follow its context in this one (a rejected
-        token is never the target's next, greedy or sampled, so a miss always shows)."""
-        if self.last_model is None:
+    @staticmethod
+    def passed(proposed: tuple[int, list[int]] | None, context_ids: list[int]) -> bool:
+        """Whether the `proposed` tokens (the model's last, or the last copy: their position, tokens) passed whole:
+        they follow in this context (a rejected token is never the target's next, greedy or sampled, so a miss
+        always shows)."""
+        if proposed is None:
             return False
-        start, tokens = self.last_model
+        start, tokens = proposed
         return bool(tokens) and context_ids[start:start + len(tokens)] == tokens
 
 

@@ -2,7 +2,8 @@
 
 The grammar (the CLI's `--draft`, the app's draft box, `specdec.drafters.from_spec`):
 
-    spec  = base | base "+lookup"          prompt lookup where the base draft missed or starts it, else the base draft
+    spec  = base | base "+lookup"          prompt lookup where the base draft missed or starts it, or a copy is
+                                           on track; else the base draft
     base  = "lookup" | "self:" L | MODEL | MODEL "@vocab=" FILE
 
 MODEL is a catalogue name, a folder, a .gguf file, a hub id or `aligned:NAME`. "+lookup" ends a spec once;
@@ -49,7 +50,7 @@ class DraftSpec:
     model: str = ""  # the model to load ("" for lookup and self:L)
     layers: int = 0  # L of self:L
     vocabulary_file: str = ""  # FILE of MODEL@vocab=FILE
-    hybrid: bool = False  # "+lookup": prompt lookup where this draft has just missed or starts it, else this draft
+    hybrid: bool = False  # "+lookup": prompt lookup where this draft has just missed or starts it, or a copy is on track
 
     @classmethod
     def parse(cls, text) -> "DraftSpec":

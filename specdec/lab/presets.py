@@ -29,8 +29,8 @@ LIVE_MAX_NEW_TOKENS = 48  # the live tab's max new tokens (within the host's cap
 
 def live_draft(model: str) -> str:
     """The live tab's draft for a draft model: the model behind prompt lookup (`MODEL+lookup`, which copies where the
-    model has just missed or starts the copy itself: level with the model alone on the suite, well ahead where an
-    answer repeats its prompt; docs/performance.md)."""
+    model has just missed, starts the copy itself or a copy is on track: level with the model alone on the suite,
+    well ahead where an answer repeats its prompt; docs/performance.md)."""
     return model + HYBRID_SUFFIX
 
 
