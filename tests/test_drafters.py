@@ -88,6 +88,11 @@ def test_a_copy_that_passed_whole_goes_on_without_the_models_tokens_first_until_
     assert (going_on.token_ids, going_on.source, going_on.forwards) == ([30, 31, 50, 5], "lookup", 0)
     missed = passed + [30, 99, 5, 6, 7]  # that copy missed at its second token; [5, 6, 7] repeats again
     assert hybrid.propose(missed, 4, policy).source == "model+lookup"  # the model's tokens first again
+    again = HybridDrafter(Scripted([30, 31, 32, 33]))
+    again.propose(start, 2, policy)
+    again.propose(on_track, 4, policy)  # the model starts the copy [30, 31, 40, 41], and it passes whole ...
+    later = passed + [5, 6, 7]  # ... but plain steps follow before the next copy: its run has ended
+    assert again.propose(later, 4, policy).source == "model+lookup"
 
 
 @pytest.mark.parametrize("noise, sources", [(0.3, {"lookup", "model"}), (0.0, {"model+lookup", "model"})])

@@ -4,8 +4,8 @@ and while a copy is on track.
 Prompt lookup (Saxena 2023) is free and, on text that repeats its input (summaries, code edits), long
 and right; a draft model (Leviathan et al. 2023) costs forwards but guesses anywhere. Each round, where lookup
 finds a continuation (the context's last HYBRID_MIN_NGRAM tokens occurred before):
-- the model's last proposal did not pass whole (it has just missed), or the last copy did (the copy is on track):
-  the copy is proposed as it is;
+- the model's last proposal did not pass whole (it has just missed), or the last round's copy did (the copy is
+  on track): the copy is proposed as it is;
 - else the model, on track, drafts AGREE_BEFORE_COPY tokens first, and the copy's rest follows them only
   if they are the copy's own first tokens (else the model drafts on), so a copy never interrupts a model on track
   where the earlier occurrence goes on differently, yet saves its forwards where it does not; once such a copy has
@@ -62,8 +62,7 @@ class HybridDrafter:
 
     def propose(self, context_ids: list[int], n: int, policy: SamplingPolicy) -> Proposal:
         copied = self.lookup.propose(context_ids, n, policy)
-        if copied.token_ids and (self.passed(self.last_copy, context_ids)
-                                 or not self.passed(self.last_model, context_ids)):
+        if copied.token_ids and (self.copy_goes_on(context_ids) or not self.passed(self.last_model, context_ids)):
             return self._copied(context_ids, copied)
         if len(copied.token_ids) <= AGREE_BEFORE_COPY:  # nothing to copy, or nothing the model would not draft
             return self._modelled(context_ids, n, policy, copied.time_s)
@@ -94,6 +93,14 @@ class HybridDrafter:
         proposal.time_s += lookup_s
         self.last_model = (len(context_ids), proposal.token_ids)
         return proposal
+
+    def copy_goes_on(self, context_ids: list[int]) -> bool:
+        """Whether the last round proposed a copy that passed whole: its tokens, then the target's token after them,
+        end this context (plain steps or a model round since end the copy's run)."""
+        if not self.passed(self.last_copy, context_ids):
+            return False
+        start, tokens = self.last_copy
+        return len(context_ids) == start + len(tokens) + 1
 
     @staticmethod
     def passed(proposed: tuple[int, list[int]] | None, context_ids: list[int]) -> bool:
