@@ -11,8 +11,8 @@ finds a continuation (the context's last HYBRID_MIN_NGRAM tokens occurred before
   where the earlier occurrence goes on differently, yet saves its forwards where it does not; once such a copy has
   passed whole, the next ones go on without the model's tokens first until one misses.
 The target verifies with the one rule of `specdec.core.verify`, so greedy output is the target's and sampling stays
-lossless: which source proposes depends on the context and the tokens already drafted only; a copied token is a
-point mass given the tokens before it, a modelled one carries its p_draft.
+lossless: which source proposes depends on the context and on which earlier proposals passed, never on this round's
+draws; a copied token is a point mass given the tokens before it, a modelled one carries its p_draft.
 """
 from __future__ import annotations
 
