@@ -65,7 +65,7 @@ def test_outputs_are_parsed_and_arguments_passed(binaries, tmp_path):
 
 def test_a_speculative_run_that_crashes_runs_again_with_its_weights_as_stored(binaries, tmp_path):
     """Seen on a CPU with AMX tiles: its repacked product over several rows ends in a segmentation fault."""
-    found, log = binaries
+    found, _ = binaries
     (tmp_path / "spec.out").write_text(SPEC_OUT)
     (tmp_path / llamacpp.SPECULATIVE).write_text(
         f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'spec.log'}\n"

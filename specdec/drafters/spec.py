@@ -50,7 +50,7 @@ class DraftSpec:
     model: str = ""  # the model to load ("" for lookup and self:L)
     layers: int = 0  # L of self:L
     vocabulary_file: str = ""  # FILE of MODEL@vocab=FILE
-    hybrid: bool = False  # "+lookup": prompt lookup where this draft has just missed or starts it, or a copy is on track
+    hybrid: bool = False  # "+lookup": prompt lookup where this draft just missed or starts it, or a copy is on track
 
     @classmethod
     def parse(cls, text) -> "DraftSpec":

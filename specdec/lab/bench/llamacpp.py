@@ -99,7 +99,8 @@ def speculative(binaries: dict[str, Path], target: Path, draft: Path, prompt: st
 def _run(argv: list) -> str:
     completed = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=TIMEOUT_S)
     if completed.returncode != 0:
-        raise (Crashed if completed.returncode < 0 else ValueError)(f"{Path(str(argv[0])).name} failed ({completed.returncode}): {completed.stderr[-300:]}")
+        error = Crashed if completed.returncode < 0 else ValueError
+        raise error(f"{Path(str(argv[0])).name} failed ({completed.returncode}): {completed.stderr[-300:]}")
     return completed.stdout + completed.stderr
 
 
