@@ -287,12 +287,12 @@ def test_k_auto_prices_rounds_at_what_this_run_paid_not_the_calibration():
     from specdec.core.schedule import AdaptiveK
     optimistic = CostModel(TargetCosts(0.1, [1.0] * 9, "test"), 0.0, "test")
     controller = AdaptiveK(optimistic)
-    for accepted in [0, 1] * 6:  # the first draft passes half the time
+    for accepted in [0, 0, 1] * 6:  # the first draft passes a third of the time
         controller.observe(synthetic_round(4, accepted, draft_time=4 * 0.05, target_time=0.1))  # c = 0.5 measured
     assert controller.prices.draft == pytest.approx(0.05) and controller.prices.step == pytest.approx(0.1)
-    assert controller.next_k() == 0  # 1.5 tokens for 1.5 steps at k = 1: no faster than plain steps
+    assert controller.next_k() == 0  # 1.33 tokens for 1.5 steps at k = 1: slower than plain steps
     free = AdaptiveK(optimistic)
-    for accepted in [0, 1] * 6:
+    for accepted in [0, 0, 1] * 6:
         free.observe(synthetic_round(4, accepted, draft_time=0.0, target_time=0.1))
     assert free.next_k() > 0  # the same acceptance with free drafts pays
 
@@ -331,7 +331,7 @@ def test_k_auto_probes_cost_at_most_their_share_of_the_plain_steps():
         chosen, spent, plain = [], 0.0, 0.0
         for _ in range(2000):
             chosen.append(k := controller.next_k())
-            price = controller.probe_price() if k == 1 else 0.0
+            price = controller.probe_price() if k == 1 and controller.missed else 0.0  # a look after plain steps
             round_ = synthetic_round(k, 0, draft_time=0.3 * controller._v(controller.missed + 1) * (k > 0),
                                      target_time=controller._v(k + 1))
             round_.wall_time_s = round_.draft_time_s + round_.target_time_s
@@ -354,28 +354,42 @@ def test_k_auto_with_a_useless_draft_is_lossless_and_mostly_plain_steps(models):
     assert sum(r.k == 0 for r in result.rounds) > len(result.rounds) // 2
 
 
-def test_k_auto_looks_again_soon_after_one_unlucky_first_round_and_not_after_a_clear_verdict():
-    """A first round whose first draft missed says little (one position judged): the controller looks again after
-    LOOK_UNSURE plain steps; once EVIDENCE positions have been judged against the draft, only the probe budget decides."""
-    from specdec.core.schedule import EVIDENCE, LOOK_UNSURE, AdaptiveK
+def test_k_auto_keeps_an_unsure_draft_in_play_one_token_a_round_until_it_has_been_judged():
+    """A first round whose first draft missed says little: the controller drafts one token a round until EVIDENCE
+    rounds (decayed) have judged the first position, the draft kept caught up, and only then turns to plain steps."""
+    from specdec.core.schedule import DECAY, EVIDENCE
+    chosen = ks_chosen_when_nothing_passes(12)
+    judged = [sum(DECAY ** j for j in range(i)) for i in range(1, 12)]  # rounds that judged position 1, decayed
+    in_play = 1 + next(i for i, count in enumerate(judged) if count >= EVIDENCE)
+    assert chosen[1:in_play] == [1] * (in_play - 1) and in_play >= 3
+    assert chosen[in_play:] == [0] * (12 - in_play)
 
-    def chosen_after(first, rounds: int) -> list[int]:
+
+def test_k_auto_keeps_a_caught_up_draft_that_may_pay_and_leaves_one_left_behind_to_the_probes():
+    """A draft whose first position passes a third of the time at c = 0.3 (break-even 0.3, the margin asks 0.365):
+    the point estimate prefers plain steps, yet within half a standard deviation of its estimate one draft a round
+    pays, so a caught-up draft stays in play; once a plain step has left it behind, only the probe budget brings it
+    back. A draft that passes a tenth of the time is dropped."""
+    from specdec.core.schedule import MARGIN, AdaptiveK
+
+    def after(pattern: list[int]) -> AdaptiveK:
         controller = AdaptiveK()
-        controller.observe(first)
-        ks = []
-        for _ in range(rounds):
-            ks.append(controller.next_k())
-            round_ = synthetic_round(ks[-1], 0, draft_time=0.3 * ks[-1], target_time=1.0)
-            round_.wall_time_s = round_.draft_time_s + 1.0
+        for accepted in pattern:
+            round_ = synthetic_round(1, accepted, draft_time=0.3, target_time=1.0)
+            round_.wall_time_s = 1.3
             controller.observe(round_)
-        return ks
+        return controller
 
-    unlucky = chosen_after(synthetic_round(4, 0, draft_time=1.2, target_time=1.0), LOOK_UNSURE + 1)
-    assert unlucky[:LOOK_UNSURE] == [0] * LOOK_UNSURE and unlucky[LOOK_UNSURE] == 1
-    judged = synthetic_round(8, 2, draft_time=2.4, target_time=1.0)  # 3 positions judged, the third rejected
-    assert sum(judged.matches[:3]) == 2 and EVIDENCE <= 3
-    clear = chosen_after(judged, LOOK_UNSURE + 1)
-    assert clear[LOOK_UNSURE] == 0
+    third = after([1, 0, 0] * 6)
+    speeds = [e / third.round_time(k) for k, e in enumerate(theory.tokens_per_round_by_k(third.position_rates()))]
+    assert max(speeds[1:]) < speeds[0] * (1 + MARGIN) and third.may_pay()
+    assert third.next_k() == 1
+    plain = synthetic_round(0, 0, draft_time=0.0, target_time=1.0)
+    plain.wall_time_s = 1.0
+    third.observe(plain)
+    assert third.next_k() == 0
+    tenth = after([1] + [0] * 9 + [1] + [0] * 9)
+    assert not tenth.may_pay() and tenth.next_k() == 0
 
 
 def test_k_auto_prices_a_draft_forward_apart_from_a_probes_catch_up():

@@ -23,9 +23,13 @@ token it missed, one forward of m tokens priced draft·v(m) (v's shape stands in
 round with one draft costs over a plain one. So looking again never costs more than EXPLORE of the time spent at
 k = 0, and a draft left behind for long is looked at less often, as its catch-up grows; yet never more than
 LOOK_AFTER_MAX plain steps pass without a look (a catch-up that grows faster than the budget would otherwise end
-the looking for good), and while fewer than EVIDENCE draft positions have been judged (one unlucky first round)
-it looks again after LOOK_UNSURE plain steps, or at once after a look whose drafts all passed. Until a round has
-been observed, k = K_AUTO_START.
+the looking for good). A draft that has just drafted is caught up, and a look costs it no catch-up, so it is
+dropped on firmer evidence than it is taken back on: no verdict against drafting is taken before EVIDENCE rounds
+(decayed) have judged the first draft position (an unlucky first round or two then cost a few one-draft rounds,
+not plain steps and looks that each pay a catch-up), and a caught-up draft keeps drafting one token a round while a
+one-draft round breaks even at a_1 + OPTIMISM standard deviations of its estimate (`may_pay`): near break-even,
+a few unlucky rounds would otherwise leave a paying draft behind for the rest of the run. Until a round has been
+observed, k = K_AUTO_START.
 
 A round given no model drafts may still verify a copy: where the drafter copies for free (a hybrid's prompt
 lookup, `copy`), the engine asks `copy_k` how many of the copied tokens to verify, priced like a draft round without
@@ -49,8 +53,8 @@ DECAY = 0.9  # weight of the past per round: about the last 10 rounds decide
 PRIOR_ROUNDS = 1.0  # pseudo-rounds at the pooled acceptance rate added to every position
 EXPLORE = 0.02  # probes at k = 0 may cost at most this share of the time spent in plain steps
 LOOK_AFTER_MAX = 128  # ... yet at most this many plain steps pass between two looks
-EVIDENCE = 3.0  # draft positions judged (decayed) below which a verdict against drafting is not final ...
-LOOK_UNSURE = 8  # ... and the controller looks again after this many plain steps (at once after a look that passed)
+EVIDENCE = 3.0  # rounds that judged the first draft position (decayed) before a verdict against drafting
+OPTIMISM = 0.5  # standard deviations above a_1's estimate at which a caught-up draft stays in play (k = 1)
 MARGIN = 0.05  # drafting must be predicted this much faster than a plain step to be chosen (noise, misprediction)
 STOP_BELOW = 0.4  # greedy, k="auto": a round's drafting ends after a token the draft gives less probability
 
@@ -109,7 +113,6 @@ class AdaptiveK:
         self.copy_accepted = [0.0] * k_max
         self.plain_s = 0.0  # seconds of plain steps (k = 0) since the draft last drafted
         self.missed = 0  # tokens emitted since the draft last drafted: its catch-up at the next probe
-        self.passed = False  # whether every draft of the last round that drafted passed
         self.prices = RoundPrices()
         self.observed = 0
 
@@ -122,8 +125,16 @@ class AdaptiveK:
             best = 0
         if best > 0:
             return best
-        unsure = sum(self.reached) < EVIDENCE and (self.missed >= LOOK_UNSURE or self.passed)
-        return 1 if unsure or self.missed >= LOOK_AFTER_MAX or self.plain_s * EXPLORE >= self.probe_price() else 0
+        if self.reached[0] < EVIDENCE or (self.missed == 0 and self.may_pay()):
+            return 1  # the draft stays in play, one token a round
+        return 1 if self.missed >= LOOK_AFTER_MAX or self.plain_s * EXPLORE >= self.probe_price() else 0
+
+    def may_pay(self) -> bool:
+        """Whether one draft a round would break even at the first position's optimistic rate, a_1 + OPTIMISM
+        standard deviations of its estimate (binomial, over the decayed rounds that judged it plus the prior's)."""
+        rate = self.position_rates()[0]
+        upper = min(rate + OPTIMISM * (rate * (1.0 - rate) / (self.reached[0] + PRIOR_ROUNDS + 1.0)) ** 0.5, 1.0)
+        return (1.0 + upper) / self.round_time(1) >= 1.0 / self.round_time(0)
 
     def probe_price(self) -> float:
         """Predicted seconds a probe (k = 1) costs over a plain step: the draft's catch-up over the `missed` tokens
@@ -165,7 +176,6 @@ class AdaptiveK:
         if drafted:  # a plain step says nothing of the draft: what was learnt is not forgotten meanwhile
             self.reached, self.accepted = _counted(self.reached, self.accepted, round_)
             self.plain_s, self.missed = 0.0, 0
-            self.passed = round_.num_accepted >= drafted
         else:
             self.plain_s += round_.wall_time_s or round_.target_time_s
             self.missed += 1  # a plain step emits one token
