@@ -264,6 +264,20 @@ def test_copy_rounds_are_priced_from_their_own_rates_and_leave_the_models_alone(
     assert passed.copy_k(8) >= 6 and failed.copy_k(8) == 0
 
 
+def test_a_copy_takes_a_round_of_one_draft_only_where_it_is_priced_above_that_round():
+    """A round the controller gives one model draft (a draft kept in play, or k = 1 chosen) verifies the free copy
+    instead where the copy's rates price it above that round by MARGIN, as a round of none does against a plain
+    step; a model whose one draft nearly always passes keeps its round from a short copy."""
+    from specdec.core.schedule import AdaptiveK
+    unsure = AdaptiveK()
+    unsure.observe(synthetic_round(4, 0, draft_time=1.2, target_time=1.0))  # the first draft missed
+    assert unsure.next_k() == 1 and unsure.copy_k(8, 1) == 8  # a copy of 8 at Laplace's 1/2: 2 tokens a step
+    sure = AdaptiveK()
+    for _ in range(10):
+        sure.observe(synthetic_round(1, 1, draft_time=0.01, target_time=1.0))  # c = 0.01, every draft passes
+    assert sure.copy_k(2, 1) == 0 and sure.copy_k(2, 0) == 2  # 1.75 tokens a step: below 1.96, above 1
+
+
 def ks_chosen_when_nothing_passes(rounds: int) -> list[int]:
     """The k a fresh controller picks over `rounds` rounds in which no draft passes and each costs 0.3 steps."""
     from specdec.core.schedule import AdaptiveK

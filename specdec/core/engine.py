@@ -149,7 +149,7 @@ def _generate(target_model, drafter, input_ids, schedule, max_new_tokens, temper
     while len(emitted) < max_new_tokens and not (emitted and emitted[-1] in eos):
         room = max_new_tokens - len(emitted) - 1  # leave room for the target's token
         n = min(schedule.next_k(), room)
-        copied = _copy(drafter, schedule, prompt + emitted, room, policy) if n == 0 else None
+        copied = _copy(drafter, schedule, prompt + emitted, room, policy, n) if n <= 1 else None
         round_ = _round(verifier, drafter, prompt + emitted, n, policy, eos, copied)
         schedule.observe(round_)
         rounds.append(round_)
@@ -178,14 +178,15 @@ def _prefill(reader, prompt: list[int], budget: Budget) -> float:
     return seconds
 
 
-def _copy(drafter: Drafter, schedule, context: list[int], room: int, policy: SamplingPolicy) -> Proposal | None:
-    """A free copy for a round the schedule gave no drafts: the drafter's copy (a hybrid's prompt lookup, no model
-    forward), as long as the schedule prices worth verifying (`copy_k`); None where there is none."""
+def _copy(drafter: Drafter, schedule, context: list[int], room: int, policy: SamplingPolicy,
+          n: int) -> Proposal | None:
+    """A free copy for a round the schedule gave n <= 1 drafts: the drafter's copy (a hybrid's prompt lookup, no
+    model forward), as long as the schedule prices it above the round it chose (`copy_k`); None where there is none."""
     copy = getattr(drafter, "copy", None)
     if copy is None or room <= 0:
         return None
     proposal = copy(context, min(room, schedule.k_max), policy)
-    k = schedule.copy_k(len(proposal.token_ids))
+    k = schedule.copy_k(len(proposal.token_ids), n)
     return replace(proposal, token_ids=proposal.token_ids[:k]) if k else None
 
 

@@ -31,10 +31,10 @@ one-draft round breaks even at a_1 + OPTIMISM standard deviations of its estimat
 a few unlucky rounds would otherwise leave a paying draft behind for the rest of the run. Until a round has been
 observed, k = K_AUTO_START.
 
-A round given no model drafts may still verify a copy: where the drafter copies for free (a hybrid's prompt
-lookup, `copy`), the engine asks `copy_k` how many of the copied tokens to verify, priced like a draft round without
-draft forwards, from the copy rounds' own per-position rates (kept apart from the model's; Laplace's 1/2 before
-any); such a copy round counts for the model as time without drafting.
+A round given at most one model draft may verify a copy instead: where the drafter copies for free (a hybrid's
+prompt lookup, `copy`), the engine asks `copy_k` how many of the copied tokens to verify, priced like a draft round
+without draft forwards, from the copy rounds' own per-position rates (kept apart from the model's; Laplace's 1/2
+before any), against the round chosen; such a copy round counts for the model as time without drafting.
 
 k is the most a round drafts: under greedy decoding a model draft ends its proposal after a token it gives less
 than STOP_BELOW probability (an unsure token rarely passes, and the ones drafted after it pass less often still:
@@ -76,7 +76,7 @@ class FixedK:
     def reported_k(self, rounds: list[Round]) -> int:
         return self.k
 
-    def copy_k(self, available: int) -> int:
+    def copy_k(self, available: int, k: int = 0) -> int:
         return 0  # a fixed k never adds copy rounds
 
     def observe(self, round_: Round) -> None:
@@ -150,18 +150,20 @@ class AdaptiveK:
         accepted everything a longer k is predicted to pay, and tried."""
         return _shrunk_rates(self.accepted, self.reached)
 
-    def copy_k(self, available: int) -> int:
-        """How many of `available` copied tokens (prompt lookup, no model forward) a round the controller gave no
-        model drafts verifies: the j in 0..available with the most predicted tokens per second, a copy of j priced
-        step·v(j+1) + base against a plain step's step + base, from the copy rounds' own rates (0 unless j beats
-        the plain step by MARGIN). A copy is free to draft but not to verify: a failed one costs v(j+1) - 1 steps."""
+    def copy_k(self, available: int, k: int = 0) -> int:
+        """How many of `available` copied tokens (prompt lookup, no model forward) a round the controller gave k
+        model drafts verifies instead: the j in 0..available with the most predicted tokens per second, a copy of j
+        priced step·v(j+1) + base, from the copy rounds' own rates (0 unless j beats by MARGIN the round chosen:
+        k = 0 a plain step, else k drafts at the model's rates). A copy is free to draft but not to verify: a failed
+        one costs v(j+1) - 1 steps."""
         if available == 0 or self.observed == 0:
             return 0
         rates = _shrunk_rates(self.copy_accepted, self.copy_reached)[:available]
         speeds = [e / (self._price("step") * self._v(j + 1) + self._price("base"))
                   for j, e in enumerate(theory.tokens_per_round_by_k(rates))]
         best = max(range(len(speeds)), key=lambda j: (speeds[j], -j))
-        return best if speeds[best] >= speeds[0] * (1.0 + MARGIN) else 0
+        chosen = theory.tokens_per_round_by_k(self.position_rates())[k] / self.round_time(k)
+        return best if best and speeds[best] >= chosen * (1.0 + MARGIN) else 0
 
     def reported_k(self, rounds: list[Round]) -> int:
         return mean_draft_length(rounds)

@@ -17,7 +17,7 @@ from specdec.core import theory
 from specdec.core.costmodel import CostModel
 
 
-COPY = "copy"  # the draft source of a copy round: prompt lookup in a round the k="auto" controller gave no model drafts
+COPY = "copy"  # the draft source of a copy round: prompt lookup in a round k="auto" gave at most one model draft
 
 
 @dataclass
@@ -38,7 +38,7 @@ class Round:
     target_top_ids: list[list[int]] = field(default_factory=list)  # per verification row: the target's top-2 ids
     target_top_logits: list[list[float]] = field(default_factory=list)  # per row: their logits (explains near-ties)
     draft_source: str = ""  # which drafter proposed: "model", "lookup", "model+lookup", "copy" (prompt lookup in a
-    # round the k="auto" controller gave no model drafts), "" when nothing was proposed
+    # round the k="auto" controller gave at most one model draft), "" when nothing was proposed
     uniforms: list[float] = field(default_factory=list)  # sampling: u per drafted position, kept iff u < min(1, p_target/p_draft)
     wall_time_s: float = 0.0  # wall time of the whole round: its forwards plus choosing, verifying and keeping
 

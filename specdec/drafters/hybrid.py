@@ -79,7 +79,7 @@ class HybridDrafter:
 
     def copy(self, context_ids: list[int], n: int, policy: SamplingPolicy) -> Proposal:
         """Prompt lookup's proposal alone (up to n tokens, no model forward), for a round the k="auto" controller
-        gave no model drafts (`specdec.core.schedule`: a copy round); its source is "copy"."""
+        gave at most one model draft (`specdec.core.schedule`: a copy round); its source is "copy"."""
         return replace(self._copied(context_ids, self.lookup.propose(context_ids, n, policy)), source=COPY)
 
     def _copied(self, context_ids: list[int], copied: Proposal) -> Proposal:
