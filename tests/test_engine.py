@@ -278,6 +278,23 @@ def test_a_copy_takes_a_round_of_one_draft_only_where_it_is_priced_above_that_ro
     assert sure.copy_k(2, 1) == 0 and sure.copy_k(2, 0) == 2  # 1.75 tokens a step: below 1.96, above 1
 
 
+def test_a_copy_is_made_only_where_the_schedule_could_take_one(models):
+    """A hybrid remembers the copies it makes, so the engine asks for one only where the schedule could verify it:
+    never under a fixed k (k = 1 included), and under k = auto in a round of at most one model draft."""
+    from specdec.core.drafter import NoDraft, Proposal
+
+    class Copier(NoDraft):
+        asked = 0
+
+        def copy(self, context_ids, n, policy):
+            self.asked += 1
+            return Proposal([], None)
+
+    fixed = Copier()
+    result = speculative_generate(models["target"], fixed, PROMPT, k=1, max_new_tokens=8, eos_token_id=[])
+    assert fixed.asked == 0 and result.token_ids == models["expected_37"][:8]
+
+
 def ks_chosen_when_nothing_passes(rounds: int) -> list[int]:
     """The k a fresh controller picks over `rounds` rounds in which no draft passes and each costs 0.3 steps."""
     from specdec.core.schedule import AdaptiveK

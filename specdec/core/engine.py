@@ -182,10 +182,10 @@ def _copy(drafter: Drafter, schedule, context: list[int], room: int, policy: Sam
           n: int) -> Proposal | None:
     """A free copy for a round the schedule gave n <= 1 drafts: the drafter's copy (a hybrid's prompt lookup, no
     model forward), as long as the schedule prices it above the round it chose (`copy_k`); None where there is none."""
-    copy = getattr(drafter, "copy", None)
-    if copy is None or room <= 0:
-        return None
-    proposal = copy(context, min(room, schedule.k_max), policy)
+    copy, most = getattr(drafter, "copy", None), min(room, schedule.k_max)
+    if copy is None or room <= 0 or not schedule.copy_k(most, n):
+        return None  # no copy the schedule could take (none shorter either): none made, none remembered
+    proposal = copy(context, most, policy)
     k = schedule.copy_k(len(proposal.token_ids), n)
     return replace(proposal, token_ids=proposal.token_ids[:k]) if k else None
 
