@@ -412,7 +412,8 @@ def test_k_auto_keeps_a_caught_up_draft_that_may_pay_and_leaves_one_left_behind_
         return controller
 
     third = after([1, 0, 0] * 6)
-    speeds = [e / third.round_time(k) for k, e in enumerate(theory.tokens_per_round_by_k(third.position_rates()))]
+    speeds, expected = third.speeds(), theory.tokens_per_round_by_k(third.position_rates())
+    assert speeds == [e / third.round_time(k) for k, e in enumerate(expected)]
     assert max(speeds[1:]) < speeds[0] * (1 + MARGIN) and third.may_pay()
     assert third.next_k() == 1
     plain = synthetic_round(0, 0, draft_time=0.0, target_time=1.0)

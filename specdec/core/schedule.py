@@ -119,7 +119,7 @@ class AdaptiveK:
     def next_k(self) -> int:
         if self.observed == 0:
             return min(K_AUTO_START, self.k_max)
-        speeds = [e / self.round_time(k) for k, e in enumerate(theory.tokens_per_round_by_k(self.position_rates()))]
+        speeds = self.speeds()
         best = max(range(len(speeds)), key=lambda k: (speeds[k], -k))
         if speeds[best] < speeds[0] * (1.0 + MARGIN):
             best = 0
@@ -134,7 +134,14 @@ class AdaptiveK:
         standard deviations of its estimate (binomial, over the decayed rounds that judged it plus the prior's)."""
         rate = self.position_rates()[0]
         upper = min(rate + OPTIMISM * (rate * (1.0 - rate) / (self.reached[0] + PRIOR_ROUNDS + 1.0)) ** 0.5, 1.0)
-        return (1.0 + upper) / self.round_time(1) >= 1.0 / self.round_time(0)
+        plain, one_draft = self.speeds([upper])
+        return one_draft >= plain
+
+    def speeds(self, rates: list[float] | None = None) -> list[float]:
+        """Predicted tokens per second of a round of k model drafts, k = 0..len(rates), at `rates` per draft
+        position (default: the measured `position_rates`)."""
+        expected = theory.tokens_per_round_by_k(self.position_rates() if rates is None else rates)
+        return [e / self.round_time(k) for k, e in enumerate(expected)]
 
     def probe_price(self) -> float:
         """Predicted seconds a probe (k = 1) costs over a plain step: the draft's catch-up over the `missed` tokens
@@ -162,8 +169,7 @@ class AdaptiveK:
         speeds = [e / (self._price("step") * self._v(j + 1) + self._price("base"))
                   for j, e in enumerate(theory.tokens_per_round_by_k(rates))]
         best = max(range(len(speeds)), key=lambda j: (speeds[j], -j))
-        chosen = theory.tokens_per_round_by_k(self.position_rates())[k] / self.round_time(k)
-        return best if best and speeds[best] >= chosen * (1.0 + MARGIN) else 0
+        return best if best and speeds[best] >= self.speeds()[k] * (1.0 + MARGIN) else 0
 
     def reported_k(self, rounds: list[Round]) -> int:
         return mean_draft_length(rounds)
