@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from specdec.cli.arguments import parse_fixed_k
+from specdec.cli.arguments import parse_k
 from specdec.cli.distill import (add_distill_arguments, config_from, held_out_prompts, prompt_ids,
                                  read_prompts, say_split)
 from specdec.core.limits import K_MAX
@@ -36,7 +36,9 @@ def register(subparsers) -> None:
     e.add_argument("--same-draft", default=default_name("draft"), help="draft of the target's family (row a)")
     e.add_argument("--other-draft", default="smollm2-135m-instruct", help="draft of another family (rows b-e)")
     defaults = RecipeSettings(train=[], held_out=[], texts=[])
-    e.add_argument("--k", type=parse_fixed_k, default=defaults.k, help=f"draft tokens per round (1..{K_MAX})")
+    e.add_argument("--k", type=parse_k, default=defaults.k,
+                   help=f"draft tokens per round when measuring: auto (default: the controller, as in generate and "
+                        f"bench, so every row meets the same k policy) or 1..{K_MAX}")
     e.add_argument("--measure-max-new-tokens", type=int, default=defaults.measure_max_new_tokens,
                    help="tokens generated per held-out prompt when measuring")
     e.add_argument("--most-frequent", type=int, default=defaults.most_frequent,

@@ -20,7 +20,7 @@ again:
   `distill.eval_every` > 0: measuring (d) and (e) is that check) |
 | prune | prune/vocabulary.json | target ids the domain data uses, the most frequent ones of general text and every token
   the other draft's own vocabulary has (the rows the transplant copied) |
-| measure | results.json, table.md | every draft on held-out prompts, against the target alone |
+| measure | results.json, table.md | every draft on held-out prompts, against the target alone, all under one k policy |
 
 Rows of the table: (a) the target's family, (b) the other draft with its ids fed naively, (c) through the
 text bridge, (d) transplanted, (e) (d) distilled, (f) (e) drafting over the pruned vocabulary. Each row has
@@ -39,6 +39,7 @@ from typing import Callable
 
 from specdec.core import files
 from specdec.core.inputs import vocab_size
+from specdec.core.schedule import mean_draft_length
 from specdec.core.suites import ALL, encode, load_suite
 from specdec.core.trace import measured_speedup, pooled_stats
 from specdec.costs.calibration import calibrate
@@ -72,7 +73,7 @@ class RecipeSettings:
     distill: DistillConfig = field(default_factory=lambda: replace(RECIPE_DISTILL))  # distillation hyper-parameters
     max_new_tokens: int = 48  # target continuation length per training prompt
     measure_max_new_tokens: int = 32  # tokens generated per held-out prompt when measuring
-    k: int = 5  # draft tokens per round when measuring
+    k: int | str = "auto"  # draft tokens per round when measuring: "auto" (the controller, as generate) or a fixed k
     most_frequent: int = MOST_FREQUENT  # general-text tokens kept in the pruned vocabulary
     generation_batch: int = 16  # training prompts the target continues per batched forward (1 = one at a time)
     samples: int = 1  # sampled target continuations per training prompt besides the greedy one (more contexts)
@@ -297,7 +298,7 @@ def measure(target, other, same_draft: str, settings: RecipeSettings, folder: Pa
         draft = make()
         costs = calibrate(target, draft, cache_dir=folder / "costs")  # v(n) measured once, c per draft
         results = trials.run(draft, costs)
-        stats = pooled_stats(results, k, costs)
+        stats = pooled_stats(results, _reported_k(k, results), costs)
         same = trials.identical(results)
         rows.append(Row(label, tokenizer, stats.acceptance_rate, stats.mean_accepted_length, stats.cost_ratio,
                         stats.predicted_speedup, measured_speedup(stats, baseline), _ms_per_token(stats),
@@ -308,6 +309,11 @@ def measure(target, other, same_draft: str, settings: RecipeSettings, folder: Pa
         {"target": target.name, "dtype": target.dtype, "k": k, "prompts": len(held_out), "max_new_tokens": n,
          "rows": [asdict(r) for r in rows]}, indent=1, ensure_ascii=False))
     return rows
+
+
+def _reported_k(k: int | str, results: list) -> int:
+    """The k of pooled stats: a fixed k as asked, k = "auto" the mean draft length of every round measured."""
+    return k if isinstance(k, int) else mean_draft_length([r for result in results for r in result.rounds])
 
 
 def _ms_per_token(stats) -> float:
