@@ -165,6 +165,11 @@ def test_a_rerun_with_other_settings_redoes_what_they_change_and_every_later_sta
     assert "6/6 measure: done before with other inputs (k 2 -> auto)" in printed
     results = json.loads((domain / "results.json").read_text())
     assert results["k"] == "auto" and all(r["identical_outputs"] == "2/2" for r in results["rows"])
+    printed = rerun("--steps", "2", "--lr", "0.01", "--k", "auto", "--draft-dtype", "float32", "--dtype", "int8")
+    assert printed.count("skipped, done before") == 5  # the target measured against, not the one trained from
+    assert "6/6 measure: done before with other inputs (target_dtype auto -> int8)" in printed
+    results = json.loads((domain / "results.json").read_text())
+    assert results["dtype"] == "int8" and all(r["identical_outputs"] == "2/2" for r in results["rows"])
     (domain / "inputs.json").unlink()  # a folder whose settings are unknown is made again, from the first stage
     printed = rerun("--steps", "2", "--lr", "0.01", "--k", "2")
     assert "1/6 report: done before with other inputs (no record of its inputs)" in printed and "skipped" not in printed

@@ -7,12 +7,15 @@ with the same settings, so a killed run continues where it stopped; a rerun with
 stages they change and the ones after them (`specdec.lab.recipe`). The table compares, on held-out prompts:
   (a) the same-family draft; (b) a draft of another family, ids fed naively; (c) through the text bridge;
   (d) transplanted onto the target's tokenizer by token string; (e) (d) distilled; (f) (e) with a pruned
-  vocabulary (`MODEL@vocab=FILE`). Measurement is heavy: run it when nothing else is timing on the machine.
+  vocabulary (`MODEL@vocab=FILE`). The drafts are measured against the target as generate runs it (`--dtype`, default
+auto); the data and the soft labels come from its float32 form. Measurement is heavy: run it when nothing else is
+timing on the machine.
 Held-out α̂ is measured once, by the measure stage; `--eval-every N` also checks it every N steps of distillation.
 """
 from __future__ import annotations
 
 import copy
+import functools
 from pathlib import Path
 
 from specdec.cli.arguments import parse_k
@@ -70,8 +73,10 @@ def run(args) -> int:
     for domain in domains:  # inputs first, then the models
         read_prompts(domain, args.split, args.train_limit)
         held_out_prompts(args.eval_prompts, domain, args.eval_limit)
-    target = load_model(args.target, dtype=args.dtype, role="train")
+    target = load_model(args.target, role="train")  # data and soft labels: the target's float logits
     other = load_model(args.other_draft, dtype=target.dtype)
+    # the target the drafts are measured against, as generate runs it (--dtype), loaded once if a measure stage runs
+    measured = functools.cache(lambda: load_model(args.target, dtype=args.dtype, quant=args.quant))
     for domain in domains:
         name = Path(domain).stem
         say_split(domain, args.split, args.eval_prompts)
@@ -84,8 +89,9 @@ def run(args) -> int:
             distill=config_from(args), max_new_tokens=args.max_new_tokens,
             measure_max_new_tokens=args.measure_max_new_tokens, k=args.k, most_frequent=args.most_frequent,
             generation_batch=args.generation_batch, samples=args.samples, sample_temperature=args.sample_temperature,
-            draft_dtype=args.draft_dtype)
-        rows = run_recipe(target, other, args.same_draft, settings, Path(args.out) / name, domain=name)
+            draft_dtype=args.draft_dtype, target_dtype=args.dtype)
+        rows = run_recipe(target, other, args.same_draft, settings, Path(args.out) / name, domain=name,
+                          measured_target=measured)
         print(f"\n{name}:\n{markdown(rows)}", flush=True)
     return 0
 

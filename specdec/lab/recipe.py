@@ -20,7 +20,8 @@ again:
   `distill.eval_every` > 0: measuring (d) and (e) is that check) |
 | prune | prune/vocabulary.json | target ids the domain data uses, the most frequent ones of general text and every token
   the other draft's own vocabulary has (the rows the transplant copied) |
-| measure | results.json, table.md | every draft on held-out prompts, against the target alone, all under one k policy |
+| measure | results.json, table.md | every draft on held-out prompts, against the target alone as decoding runs it (its
+  `target_dtype`: by default the format generate and bench run), all under one k policy |
 
 Rows of the table: (a) the target's family, (b) the other draft with its ids fed naively, (c) through the
 text bridge, (d) transplanted, (e) (d) distilled, (f) (e) drafting over the pruned vocabulary. Each row has
@@ -79,6 +80,7 @@ class RecipeSettings:
     samples: int = 1  # sampled target continuations per training prompt besides the greedy one (more contexts)
     sample_temperature: float = 0.8  # temperature of those samples (the target's own distribution, sharpened)
     draft_dtype: str = "auto"  # format of each draft measured (auto: the fastest here for a draft)
+    target_dtype: str = "auto"  # format of the target measured against (auto: as generate and bench run it)
 
 
 @dataclass
@@ -107,9 +109,12 @@ INPUTS = "inputs.json"  # per finished stage, the settings it was made with (`st
 
 
 def run_recipe(target, other, same_draft: str, settings: RecipeSettings, folder: Path, *,
-               say: Say = print, domain: str = "") -> list[Row]:
+               say: Say = print, domain: str = "", measured_target: Callable[[], object] | None = None) -> list[Row]:
     """Every stage for one domain in `folder`. A stage is skipped when it finished before with the same inputs;
-    else it runs, after removing what the stages after it made (so they run too). Returns the table's rows."""
+    else it runs, after removing what the stages after it made (so they run too). Returns the table's rows.
+
+    `target` makes the data and the soft labels (a float form); `measured_target()` (default: `target` itself) is
+    the target the measure stage runs the drafts against, in `settings.target_dtype` (loaded only if it runs)."""
     folder.mkdir(parents=True, exist_ok=True)
     times = _read_json(folder / "stage_times.json") or {}
     made_with = _read_json(folder / INPUTS) or {}
@@ -119,7 +124,8 @@ def run_recipe(target, other, same_draft: str, settings: RecipeSettings, folder:
             "data": lambda: stage_data(target, settings, folder),
             "distill": lambda: stage_distill(target, other, settings, folder),
             "prune": lambda: stage_prune(target, other, settings, folder),
-            "measure": lambda: stage_measure(target, other, same_draft, settings, folder, say)}
+            "measure": lambda: stage_measure((measured_target or (lambda: target))(), other, same_draft, settings,
+                                             folder, say)}
     for number, name in enumerate(STAGES, start=1):
         head, output = f"[{domain}] {number}/{len(STAGES)} {name}", folder / PRODUCTS[name][0]
         changed = _changes(made_with.get(name), inputs[name])
@@ -155,7 +161,8 @@ def stage_inputs(target, other, same_draft: str, settings: RecipeSettings) -> di
         "distill": asdict(settings.distill),
         "prune": {"most_frequent": settings.most_frequent, "keeps the draft's own tokens": True},
         "measure": {"held-out prompts": _digest(settings.held_out), "same draft": same_draft, "k": settings.k,
-                    "measure_max_new_tokens": settings.measure_max_new_tokens, "draft_dtype": settings.draft_dtype},
+                    "measure_max_new_tokens": settings.measure_max_new_tokens, "draft_dtype": settings.draft_dtype,
+                    "target_dtype": settings.target_dtype},
     }
 
 
