@@ -7,9 +7,9 @@ with the same settings, so a killed run continues where it stopped; a rerun with
 stages they change and the ones after them (`specdec.lab.recipe`). The table compares, on held-out prompts:
   (a) the same-family draft; (b) a draft of another family, ids fed naively; (c) through the text bridge;
   (d) transplanted onto the target's tokenizer by token string; (e) (d) distilled; (f) (e) with a pruned
-  vocabulary (`MODEL@vocab=FILE`). The drafts are measured against the target as generate runs it (`--dtype`, default
-auto); the data and the soft labels come from its float32 form. Measurement is heavy: run it when nothing else is
-timing on the machine.
+  vocabulary (`MODEL@vocab=FILE`). Every row is measured under one k policy (`--k`, default auto) against the target
+as generate runs it (`--dtype`, default auto); the data and the soft labels come from its float32 form.
+Measurement is heavy: run it when nothing else is timing on the machine.
 Held-out α̂ is measured once, by the measure stage; `--eval-every N` also checks it every N steps of distillation.
 """
 from __future__ import annotations
