@@ -1,4 +1,6 @@
 """The drafter factory and the hybrid drafter (prompt lookup first, the model otherwise)."""
+import math
+
 import pytest
 import torch
 
@@ -260,4 +262,25 @@ def test_a_greedy_model_draft_stops_after_a_token_it_is_unsure_of(pair):
     policy = SamplingPolicy(0.0, 1.0, torch.Generator(), vocab, threshold)
     stopped = ModelDrafter(draft).propose(context, 6, policy)
     assert len(stopped.token_ids) == next(i + 1 for i, p in enumerate(chosen.tolist()) if p < threshold)
+
+
+def test_a_sure_greedy_model_draft_goes_on_past_n_up_to_most(pair):
+    """SamplingPolicy.go_on_above: greedy, past the n asked a draft goes on while each token it drafted got more
+    probability, up to `most` (k = "auto" sets both, `schedule.GO_ON_ABOVE`); never past `most`, never when
+    sampling, and the tokens drafted are the ones a longer n would have drafted."""
+    target, draft = pair
+    context = [1, 5, 9, 13]
+    vocab = target.get_output_embeddings().weight.shape[0]
+    longest = ModelDrafter(draft).propose(context, 6, SamplingPolicy(0.0, 1.0, torch.Generator(), vocab))
+    chosen = longest.p_draft.max(-1).values.tolist()  # [6]: the probability of each greedy token
+    for go_on_above, temperature, most, expected in ((math.inf, 0.0, 6, 2), (-1.0, 0.0, 6, 6), (-1.0, 0.0, 4, 4),
+                                                     (-1.0, 0.8, 6, 2), (-1.0, 0.0, 0, 2)):
+        policy = SamplingPolicy(temperature, 1.0, torch.Generator().manual_seed(0), vocab, 0.0, go_on_above, most)
+        proposal = ModelDrafter(draft).propose(context, 2, policy)
+        assert len(proposal.token_ids) == proposal.forwards == len(proposal.p_draft) == expected
+    threshold = sorted(chosen[1:5])[1]  # a token past the second is drafted while the one before got more than this
+    policy = SamplingPolicy(0.0, 1.0, torch.Generator(), vocab, 0.0, threshold).capped(6)
+    extended = ModelDrafter(draft).propose(context, 2, policy)
+    assert len(extended.token_ids) == next((i for i in range(2, 6) if chosen[i - 1] <= threshold), 6)
+    assert extended.token_ids == longest.token_ids[:len(extended.token_ids)]
 

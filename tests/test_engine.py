@@ -206,6 +206,24 @@ def test_k_auto_is_lossless(models):
         assert result.token_ids == models["expected_37"]
 
 
+def test_k_auto_drafts_past_the_k_chosen_while_the_draft_is_sure_and_stays_lossless(models, monkeypatch):
+    """schedule.GO_ON_ABOVE: a sure draft goes on past the controller's k, to K_AUTO_MAX but never past the tokens
+    left; the output stays the target's. Here every token counts as sure (and none as unsure)."""
+    from specdec.core import schedule
+    from specdec.core.limits import K_AUTO_MAX
+    monkeypatch.setattr(schedule, "GO_ON_ABOVE", -1.0)
+    monkeypatch.setattr(schedule, "STOP_BELOW", 0.0)
+    result = speculative_generate(models["target"], models["self"], PROMPT, k="auto", max_new_tokens=37,
+                                  eos_token_id=[])
+    assert result.token_ids == models["expected_37"]
+    emitted = 0
+    for round_ in result.rounds:
+        if round_.draft_token_ids:
+            assert len(round_.draft_token_ids) == min(K_AUTO_MAX, 37 - emitted - 1) >= round_.k
+        emitted += len(round_.emitted_token_ids)
+    assert any(len(r.draft_token_ids) > r.k for r in result.rounds)
+
+
 def synthetic_round(num_drafted, num_accepted, draft_time, target_time):
     from specdec.core.trace import Round
     return Round([0] * num_drafted, [], [], [True] * num_accepted + [False] * (num_drafted - num_accepted),

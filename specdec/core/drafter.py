@@ -5,7 +5,8 @@ The interface (a `typing.Protocol`, no base class needed) is three methods and w
 - `reset()`: forget earlier generations (the engine calls it first, so every generation is timed as a fresh
   request: a drafter reused across requests never reads a prompt's prefix for free, nor counts old forwards);
 - `prefill(prompt_ids)`: read the prompt ahead of the first round (may do nothing);
-- `propose(context_ids, n, policy) -> Proposal`: up to n tokens that continue `context_ids`;
+- `propose(context_ids, n, policy) -> Proposal`: up to n tokens that continue `context_ids` (a model draft may end
+  sooner, or go on to `policy.most` when sure: `SamplingPolicy.goes_on`);
 - `forwards`: draft model forwards so far, prefill included (0 for a model-free drafter; the stats count them);
 - `model`: the causal LM it drafts with, or None (the calibration times it, the bench fingerprints it);
 - `cost_key`: its kind and the settings its cost depends on (with its model's identity, the calibration's
@@ -16,7 +17,8 @@ rollback rule of model drafters), so the engine never tells it what was accepted
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -35,6 +37,8 @@ class SamplingPolicy:
     generator: torch.Generator  # the one RNG of a generation (seeded => reproducible)
     vocab_size: int  # the target's vocabulary size: every distribution lives over it
     stop_below: float = 0.0  # greedy: a model draft ends its proposal after a token it gives less probability
+    go_on_above: float = math.inf  # greedy: past the n asked, a model draft goes on while its tokens get more ...
+    most: int = 0  # ... up to this many tokens in all (the engine sets it each round; 0 = n, never past it)
 
     @property
     def greedy(self) -> bool:
@@ -47,6 +51,18 @@ class SamplingPolicy:
     def stops_after(self, prob: float) -> bool:
         """Whether a greedy model draft ends its proposal after a token it gave probability `prob`."""
         return self.greedy and prob < self.stop_below
+
+    def goes_on(self, drafted: int, n: int, prob: float) -> bool:
+        """Whether a model draft asked for n tokens drafts another after `drafted`, the last given probability
+        `prob`: up to n unless it `stops_after` that token; past n (greedy) only while each is surer than
+        go_on_above, up to `most`."""
+        if drafted < n:
+            return not self.stops_after(prob)
+        return self.greedy and drafted < self.most and prob > self.go_on_above
+
+    def capped(self, most: int) -> "SamplingPolicy":
+        """This policy for a round whose draft may go on (when sure) up to `most` tokens."""
+        return replace(self, most=most)
 
     def choose(self, logits: torch.Tensor, probs: torch.Tensor) -> int:
         """Pick one token from [V] logits/probs: argmax when greedy, else a draw from probs."""
@@ -148,7 +164,7 @@ class ModelDrafter:
     def propose(self, context_ids: list[int], n: int, policy: SamplingPolicy) -> Proposal:
         tokens, rows, ids, elapsed = [], [], None, 0.0
         feed = self.lm.pending(context_ids)
-        for _ in range(n):
+        for _ in range(max(n, policy.most)):
             logits, seconds = self.lm.forward(feed)
             elapsed += seconds
             candidates, ids = self.candidates(logits[-1], policy)  # [C] logits, the target id of each (None: C = V)
@@ -157,8 +173,8 @@ class ModelDrafter:
             tokens.append(index if ids is None else int(ids[index]))
             rows.append(probs)
             feed = tokens[-1:]
-            if policy.stops_after(float(probs[index])):
-                break  # unsure of this token: the ones after it would rarely pass
+            if not policy.goes_on(len(tokens), n, float(probs[index])):
+                break  # n drafted, or an unsure token (the ones after it would rarely pass)
         p_draft = over_target_vocab(torch.stack(rows), ids, policy.vocab_size) if rows else None  # [len, V_target]
         return Proposal(tokens, p_draft, elapsed, len(tokens))
 

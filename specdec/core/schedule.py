@@ -36,12 +36,17 @@ prompt lookup, `copy`), the engine asks `copy_k` how many of the copied tokens t
 without draft forwards, from the copy rounds' own per-position rates (kept apart from the model's; Laplace's 1/2
 before any), against the round chosen; such a copy round counts for the model as time without drafting.
 
-k is the most a round drafts: under greedy decoding a model draft ends its proposal after a token it gives less
-than STOP_BELOW probability (an unsure token rarely passes, and the ones drafted after it pass less often still:
-the confidence stop of Hugging Face's assisted generation). A fixed k always drafts k.
+Under greedy decoding the draft's confidence bends k both ways: a model draft ends its proposal after a token it
+gives less than STOP_BELOW probability (an unsure token rarely passes, and the ones drafted after it pass less often
+still: the confidence stop of Hugging Face's assisted generation), and goes on past k, up to K_AUTO_MAX, while each
+token it drafts gets more than GO_ON_ABOVE (a run of sure tokens, a copy or boilerplate, passes at rates the
+position counts, made of every round, understate; EAGLE-2's dynamic draft trees rest on the same signal, a draft's
+confidence tracking its acceptance). Tokens drafted past k are counted at their positions like any others. A fixed k
+always drafts k.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from specdec.core import theory
@@ -57,6 +62,7 @@ EVIDENCE = 3.0  # rounds that judged the first draft position (decayed) before a
 OPTIMISM = 0.5  # standard deviations above a_1's estimate at which a caught-up draft stays in play (k = 1)
 MARGIN = 0.05  # drafting must be predicted this much faster than a plain step to be chosen (noise, misprediction)
 STOP_BELOW = 0.4  # greedy, k="auto": a round's drafting ends after a token the draft gives less probability
+GO_ON_ABOVE = 0.9  # greedy, k="auto": past the k chosen, drafting goes on (to K_AUTO_MAX) while tokens get more
 
 
 def mean_draft_length(rounds: list[Round]) -> int:
@@ -65,7 +71,8 @@ def mean_draft_length(rounds: list[Round]) -> int:
 
 
 class FixedK:
-    stop_below = 0.0  # a fixed k drafts k tokens, however unsure
+    stop_below = 0.0  # a fixed k drafts k tokens, however unsure ...
+    go_on_above = math.inf  # ... and never more, however sure
 
     def __init__(self, k: int):
         self.k = self.k_max = k
@@ -106,7 +113,8 @@ class AdaptiveK:
     def __init__(self, costs: CostModel | None = None, k_max: int = K_AUTO_MAX):
         self.costs = costs  # calibrated v(n) and c: v's shape, and the prices until this run has measured its own
         self.k_max = k_max
-        self.stop_below = STOP_BELOW  # a round's drafting ends after a token the draft is this unsure of
+        self.stop_below = STOP_BELOW  # a round's drafting ends after a token the draft is this unsure of ...
+        self.go_on_above = GO_ON_ABOVE  # ... and goes on past the k chosen (to k_max) while this sure
         self.reached = [0.0] * k_max  # decayed count of rounds that reached draft position i
         self.accepted = [0.0] * k_max  # decayed count of rounds that accepted it
         self.copy_reached = [0.0] * k_max  # the same for copy rounds' position i (a source of its own)

@@ -66,14 +66,15 @@ class HybridDrafter:
             return self._copied(context_ids, copied)
         if len(copied.token_ids) <= AGREE_BEFORE_COPY:  # nothing to copy, or nothing the model would not draft
             return self._modelled(context_ids, n, policy, copied.time_s)
-        head = self._modelled(context_ids, AGREE_BEFORE_COPY, policy, copied.time_s)
+        head = self._modelled(context_ids, AGREE_BEFORE_COPY, policy.capped(0), copied.time_s)
         if head.token_ids == copied.token_ids[:AGREE_BEFORE_COPY]:
             tail = Proposal(copied.token_ids[AGREE_BEFORE_COPY:], None)
             self.last_copy = (len(context_ids) + AGREE_BEFORE_COPY, tail.token_ids)
             return _joined(head, tail, policy, "model+lookup")
         if len(head.token_ids) < AGREE_BEFORE_COPY or _ended_unsure(head, policy):
             return head  # the model stopped there, as it would have drafting alone
-        rest = self._modelled(context_ids + head.token_ids, n - AGREE_BEFORE_COPY, policy, 0.0)
+        rest = self._modelled(context_ids + head.token_ids, n - AGREE_BEFORE_COPY,
+                              policy.capped(policy.most - AGREE_BEFORE_COPY), 0.0)
         self.last_model = (len(context_ids), head.token_ids + rest.token_ids)
         return _joined(head, rest, policy, "model")
 
