@@ -283,4 +283,3 @@ def test_a_sure_greedy_model_draft_goes_on_past_n_up_to_most(pair):
     extended = ModelDrafter(draft).propose(context, 2, policy)
     assert len(extended.token_ids) == next((i for i in range(2, 6) if chosen[i - 1] <= threshold), 6)
     assert extended.token_ids == longest.token_ids[:len(extended.token_ids)]
-

@@ -148,9 +148,9 @@ def _generate(target_model, drafter, input_ids, schedule, max_new_tokens, temper
     callback_s = 0.0  # time the consumer held a round (on_round, page rendering): never part of the measurement
     while len(emitted) < max_new_tokens and not (emitted and emitted[-1] in eos):
         room = max_new_tokens - len(emitted) - 1  # leave room for the target's token
-        n = min(schedule.next_k(), room)
-        copied = _copy(drafter, schedule, prompt + emitted, room, policy, n) if n <= 1 else None
-        round_ = _round(verifier, drafter, prompt + emitted, n, policy.capped(min(schedule.k_max, room)), eos, copied)
+        n, most = min(schedule.next_k(), room), min(schedule.k_max, room)  # asked, and the most a sure draft goes on to
+        copied = _copy(drafter, schedule, prompt + emitted, most, policy, n) if n <= 1 else None
+        round_ = _round(verifier, drafter, prompt + emitted, n, policy.capped(most), eos, copied)
         schedule.observe(round_)
         rounds.append(round_)
         emitted.extend(round_.emitted_token_ids)
@@ -178,12 +178,13 @@ def _prefill(reader, prompt: list[int], budget: Budget) -> float:
     return seconds
 
 
-def _copy(drafter: Drafter, schedule, context: list[int], room: int, policy: SamplingPolicy,
+def _copy(drafter: Drafter, schedule, context: list[int], most: int, policy: SamplingPolicy,
           n: int) -> Proposal | None:
-    """A free copy for a round the schedule gave n <= 1 drafts: the drafter's copy (a hybrid's prompt lookup, no
-    model forward), as long as the schedule prices it above the round it chose (`copy_k`); None where there is none."""
-    copy, most = getattr(drafter, "copy", None), min(room, schedule.k_max)
-    if copy is None or room <= 0 or not schedule.copy_k(most, n):
+    """A free copy of at most `most` tokens for a round the schedule gave n <= 1 drafts: the drafter's copy (a
+    hybrid's prompt lookup, no model forward), as long as the schedule prices it above the round it chose (`copy_k`);
+    None where there is none."""
+    copy = getattr(drafter, "copy", None)
+    if copy is None or most <= 0 or not schedule.copy_k(most, n):
         return None  # no copy the schedule could take (none shorter either): none made, none remembered
     proposal = copy(context, most, policy)
     k = schedule.copy_k(len(proposal.token_ids), n)
