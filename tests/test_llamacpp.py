@@ -60,7 +60,9 @@ def test_outputs_are_parsed_and_arguments_passed(binaries, tmp_path):
     assert llamacpp.NO_REPACK not in spec_args
     run = llamacpp.LlamaCppRun("d", 4, "code-01", 29.7, 20.0, 0.75)
     assert run.speedup == pytest.approx(20 / 29.7) and \
-        "| d | 4 | code-01 | 29.70 | 20.00 | 0.67x | 75% | repacked |" in llamacpp.markdown([run])
+        "| d | 4 | code-01 | 29.70 | 20.00 | 0.67x | 75% | repacked | – | – |" in llamacpp.markdown([run])
+    ours = llamacpp.LlamaCppRun("d", 4, "code-01", 29.7, 20.0, 0.75, ours_tok_s=44.55)
+    assert ours.ours_vs_its_target == pytest.approx(1.5) and "| 44.55 | 1.50x |" in llamacpp.markdown([ours])
 
 
 def test_a_speculative_run_that_crashes_runs_again_with_its_weights_as_stored(binaries, tmp_path):
@@ -80,17 +82,32 @@ def test_a_speculative_run_that_crashes_runs_again_with_its_weights_as_stored(bi
 
 
 def test_the_bench_section_runs_each_draft_k_and_prompt(binaries, tmp_path, monkeypatch):
-    monkeypatch.setattr(llamacpp, "gguf_of",
-                        lambda name, held: tmp_path / f"{name}.gguf" if name != "lookup" else None)
+    """A `MODEL+lookup` draft runs in llama.cpp as its model alone; a lookup draft has no GGUF; ours (k = auto
+    where it ran) stands beside each llama.cpp run."""
+    asked = []
+    monkeypatch.setattr(llamacpp, "gguf_of", lambda name, held: asked.append(name) or tmp_path / f"{name}.gguf")
     tokenizer = SimpleNamespace(decode=lambda ids: "text", apply_chat_template=None)
     monkeypatch.setattr(bench_cli, "encode", lambda prompt, tok: [1, 2])
-    args = SimpleNamespace(target="t", draft=["d", "lookup"], k=[2, "auto"], max_new_tokens=16)
+    args = SimpleNamespace(target="t", draft=["d+lookup", "lookup"], k=[2, "auto"], max_new_tokens=16)
     prompts = [Prompt("code-01", "code", "def f():"), Prompt("code-02", "code", "def g():")]
-    section = bench_cli.llama_cpp_section(args, SimpleNamespace(tokenizer=tokenizer), prompts, tmp_path)
+    rows = [{"draft": "d+lookup", "k": k, "prompt_id": p.id, "ours_tok_s": tok_s}
+            for p, by_k in zip(prompts, ({2: 30.0, "auto": 44.55}, {2: 31.0})) for k, tok_s in by_k.items()]
+    section = bench_cli.llama_cpp_section(args, SimpleNamespace(tokenizer=tokenizer), prompts, tmp_path, rows)
+    assert asked == ["t", "d"]
     runs = json.loads((tmp_path / "llama_cpp.json").read_text())
-    assert [(r["draft"], r["k"], r["prompt_id"]) for r in runs] == [("d", 2, "code-01"), ("d", 4, "code-01"),
-                                                                  ("d", 2, "code-02"), ("d", 4, "code-02")]
-    assert "## llama.cpp on the same GGUF files" in section
+    assert [(r["draft"], r["k"], r["prompt_id"], r["ours_tok_s"]) for r in runs] == [
+        ("d+lookup", 2, "code-01", 44.55), ("d+lookup", 4, "code-01", 44.55),
+        ("d+lookup", 2, "code-02", 31.0), ("d+lookup", 4, "code-02", None)]
+    assert "## llama.cpp on the same GGUF files" in section and "| 44.55 | 1.50x |" in section
+
+
+def test_the_section_reports_its_target_alone_without_a_model_draft(binaries, tmp_path, monkeypatch):
+    monkeypatch.setattr(llamacpp, "gguf_of", lambda name, held: tmp_path / f"{name}.gguf")
+    args = SimpleNamespace(target="t", draft=["lookup"], k=["auto"], max_new_tokens=16)
+    monkeypatch.setattr(bench_cli, "encode", lambda prompt, tok: [1, 2])
+    target = SimpleNamespace(tokenizer=SimpleNamespace(decode=lambda ids: "text"))
+    section = bench_cli.llama_cpp_section(args, target, [Prompt("code-01", "code", "def f():")], tmp_path, [])
+    assert "Its target alone: 29.70 tokens/s." in section and "| draft |" not in section
 
 
 def test_a_failing_llama_cpp_run_is_a_line_of_the_section_not_the_end_of_the_report(binaries, tmp_path, monkeypatch):
@@ -100,7 +117,7 @@ def test_a_failing_llama_cpp_run_is_a_line_of_the_section_not_the_end_of_the_rep
     (tmp_path / llamacpp.SPECULATIVE).write_text("#!/bin/sh\necho 'load: a warning' >&2\nkill -SEGV $$\n")
     args = SimpleNamespace(target="t", draft=["d"], k=[2], max_new_tokens=16)
     target = SimpleNamespace(tokenizer=SimpleNamespace(decode=lambda ids: "text"))
-    section = bench_cli.llama_cpp_section(args, target, [Prompt("code-01", "code", "def f():")], tmp_path)
+    section = bench_cli.llama_cpp_section(args, target, [Prompt("code-01", "code", "def f():")], tmp_path, [])
     assert "Its target alone: 29.70 tokens/s." in section
     failed = section.split("Its speculative runs that failed:\n")[1].strip()
     assert failed.startswith("- d k=2 code-01: ") and "failed (-11)" in failed and "\n" not in failed
@@ -109,7 +126,7 @@ def test_a_failing_llama_cpp_run_is_a_line_of_the_section_not_the_end_of_the_rep
 def test_no_binaries_no_section(tmp_path, monkeypatch):
     monkeypatch.setenv(llamacpp.ENV, str(tmp_path))
     args = SimpleNamespace(target="t", draft=["d"], k=[2], max_new_tokens=16)
-    assert bench_cli.llama_cpp_section(args, None, [], tmp_path) == ""
+    assert bench_cli.llama_cpp_section(args, None, [], tmp_path, []) == ""
     assert llamacpp.gguf_of("not-a-catalogue-model", contextlib.ExitStack()) is None
 
 

@@ -24,6 +24,7 @@ from specdec.core.suites import available_suites, encode, load_suite, split_note
 from specdec.core.trace import Counts, Rates
 from specdec.costs.calibration import calibrate
 from specdec.costs.profile import CostProfile, load_profile, speedups_by_k
+from specdec.drafters import DraftSpec
 from specdec.lab.bench import llamacpp
 from specdec.lab.bench.run import BenchConfig, cells_to_run, contender, prompts_fingerprint, row_counts, run_bench
 from specdec.lab.bench.store import check_run_folder
@@ -92,7 +93,7 @@ def run(args) -> int:
           f"{', '.join(c.name for c in contenders if c.hf_assistant is not None) or 'none'}")
     rows = bench_with_progress(target, contenders, prompts, args.k, config, out, hf_plain=not args.no_hf_generate)
     report = (calibration_text(calibration) if calibration else "") + format_report(rows)
-    report += llama_cpp_section(args, target, prompts, out)
+    report += llama_cpp_section(args, target, prompts, out, rows)
     report += profile_section(rows, profile) if profile is not None else ""
     files.write_text(out / SUMMARY_MD, report)
     charts = write_charts(rows, out)
@@ -106,16 +107,19 @@ def run(args) -> int:
     return BUG_EXIT if bugs else 0
 
 
-def llama_cpp_section(args, target, prompts, out: Path) -> str:
-    """llama.cpp on the same GGUF files and prompts, when its binaries are there (`specdec.lab.bench.llamacpp`)."""
+def llama_cpp_section(args, target, prompts, out: Path, rows: list[dict]) -> str:
+    """llama.cpp on the same GGUF files and prompts, when its binaries are there (`specdec.lab.bench.llamacpp`),
+    beside our tokens/s of each (draft, k, prompt) in `rows`."""
     binaries = llamacpp.find_binaries()
     if binaries is None:
         return ""
     with contextlib.ExitStack() as held:  # the GGUF files stay in the cache while llama.cpp reads them
         target_gguf = llamacpp.gguf_of(args.target, held)
-        drafts = {spec: llamacpp.gguf_of(spec, held) for spec in args.draft}
+        models = {spec: DraftSpec.parse(spec) for spec in args.draft}
+        drafts = {spec: llamacpp.gguf_of(parsed.model, held) for spec, parsed in models.items()
+                  if parsed.kind == "model"}
         drafts = {spec: path for spec, path in drafts.items() if path is not None}
-        if target_gguf is None or not drafts:
+        if target_gguf is None:
             return ""
         threads = torch.get_num_threads()
         try:
@@ -123,6 +127,7 @@ def llama_cpp_section(args, target, prompts, out: Path) -> str:
         except ValueError as error:  # an optional column: the report keeps the rest
             return f"{LLAMA_CPP_HEADING}{_first_line(error)}\n"
         runs, failed = [], []
+        ours = {(r["draft"], r["k"], r["prompt_id"]): r["ours_tok_s"] for r in rows}
         for prompt in prompts:
             text = target.tokenizer.decode(encode(prompt, target.tokenizer))
             for spec, draft_gguf in drafts.items():
@@ -133,7 +138,8 @@ def llama_cpp_section(args, target, prompts, out: Path) -> str:
                     except ValueError as error:
                         failed.append(f"- {spec} k={k} {prompt.id}: {_first_line(error)}")
                         continue
-                    runs.append(llamacpp.LlamaCppRun(spec, k, prompt.id, alone, tok_s, accept, repacked))
+                    ours_tok_s = ours.get((spec, "auto", prompt.id), ours.get((spec, k, prompt.id)))
+                    runs.append(llamacpp.LlamaCppRun(spec, k, prompt.id, alone, tok_s, accept, repacked, ours_tok_s))
                     print(f"llama.cpp {spec} k={k} {prompt.id}: {tok_s:.2f} tok/s ({runs[-1].speedup:.2f}x its "
                           f"target alone, {alone:.2f} tok/s)", flush=True)
     files.write_text(out / "llama_cpp.json", json.dumps([asdict(r) for r in runs], indent=1))

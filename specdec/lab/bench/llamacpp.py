@@ -1,11 +1,13 @@
 """An optional llama.cpp column: the same GGUF files and prompts through llama.cpp's own binaries.
 
 When `llama-bench` and `llama-speculative-simple` are found (in $SPECDEC_LLAMA_CPP, else on PATH) and
-the target and a draft are catalogue models with packaged GGUF files, the bench also times
+the target is a catalogue model with a packaged GGUF file, the bench also times
 
 - llama.cpp's target alone: `llama-bench -p 0 -n N` (generation tokens/s, no prompt);
-- llama.cpp's speculative decoding: `llama-speculative-simple --spec-type draft-simple` with the same
-  draft, k (`--spec-draft-n-max`), prompt text and length, greedy (decoded tokens / decode seconds). A run that
+- llama.cpp's speculative decoding, for each draft whose model is a catalogue model with a GGUF file (a
+  `MODEL+lookup` draft's model alone: llama.cpp drafts without the lookup): `llama-speculative-simple
+  --spec-type draft-simple` with the same draft, k (`--spec-draft-n-max`), prompt text and length, greedy
+  (decoded tokens / decode seconds), beside our tokens/s on the same prompt. A run that
   dies by a signal runs once more with its weights as stored (`--no-repack`: on a CPU with AMX tiles one build's
   repacked product over several rows crashes), and its row says so.
 
@@ -47,11 +49,17 @@ class LlamaCppRun:
     speculative_tok_s: float  # decoded tokens / decode seconds of llama-speculative-simple
     accept_rate: float  # n_accept / n_drafted as llama.cpp counts them
     repacked: bool = True  # False: the run with weights repacked for the CPU crashed; this one read them as stored
+    ours_tok_s: float | None = None  # our speculative tokens/s, same prompt and draft: k = auto where run, else k
 
     @property
     def speedup(self) -> float:
         """llama.cpp's own speculative speedup over its own target alone."""
         return self.speculative_tok_s / self.target_alone_tok_s if self.target_alone_tok_s else 0.0
+
+    @property
+    def ours_vs_its_target(self) -> float | None:
+        """Our speculative tokens/s over llama.cpp's target alone (None where ours was not run)."""
+        return self.ours_tok_s / self.target_alone_tok_s if self.ours_tok_s and self.target_alone_tok_s else None
 
 
 def find_binaries() -> dict[str, Path] | None:
@@ -105,10 +113,16 @@ def _run(argv: list) -> str:
 
 
 def markdown(runs: list[LlamaCppRun]) -> str:
-    """The report's llama.cpp section: one row per (draft, k, prompt)."""
+    """The report's llama.cpp section: one row per (draft, k, prompt), ours beside it."""
     lines = ["| draft | k | prompt | llama.cpp target alone tok/s | llama.cpp speculative tok/s | its speedup | "
-             "its acceptance | its weights |", "|---|---|---|---|---|---|---|---|"]
+             "its acceptance | its weights | ours tok/s (k = auto where run) | ours / its target alone |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r.draft} | {r.k} | {r.prompt_id} | {r.target_alone_tok_s:.2f} | {r.speculative_tok_s:.2f} | "
               f"{r.speedup:.2f}x | {r.accept_rate:.0%} | "
-              f"{'repacked' if r.repacked else 'as stored (the repacked run crashed)'} |" for r in runs]
+              f"{'repacked' if r.repacked else 'as stored (the repacked run crashed)'} | "
+              f"{_or_dash(r.ours_tok_s, '{:.2f}')} | {_or_dash(r.ours_vs_its_target, '{:.2f}x')} |" for r in runs]
     return "\n".join(lines)
+
+
+def _or_dash(value: float | None, form: str) -> str:
+    return "–" if value is None else form.format(value)
