@@ -30,8 +30,8 @@ from tiny_models import write_tiny_models
 pytestmark = pytest.mark.soak
 
 CLIENTS = 8  # threads, each a client with its own session (and one more behind a proxy)
-SOAK_S = 120  # the mixed phase: each client starts requests until then
-BOUND_S = 180  # the whole soak, warm-up, settle and checks included, at most
+SOAK_S = 60  # the mixed phase: each client starts requests until then
+BOUND_S = 120  # the whole soak, warm-up, settle and checks included, at most
 REQUEST_S = 60  # from submit to the answer or refusal, queue wait included
 WARM_REQUESTS = 3  # normal requests before the warm RSS level is read, and again after the settle
 SETTLE_S = 5  # a pause after the soak before the settled RSS is read (garbage collection has no hook)
