@@ -24,6 +24,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from specdec.lab.bench.summary import cell_text
 from specdec.models import cache, entries, loading
 
 ENV = "SPECDEC_LLAMA_CPP"  # a folder holding the binaries (else they are looked up on PATH)
@@ -120,9 +121,5 @@ def markdown(runs: list[LlamaCppRun]) -> str:
     lines += [f"| {r.draft} | {r.k} | {r.prompt_id} | {r.target_alone_tok_s:.2f} | {r.speculative_tok_s:.2f} | "
               f"{r.speedup:.2f}x | {r.accept_rate:.0%} | "
               f"{'repacked' if r.repacked else 'as stored (the repacked run crashed)'} | "
-              f"{_or_dash(r.ours_tok_s, '{:.2f}')} | {_or_dash(r.ours_vs_its_target, '{:.2f}x')} |" for r in runs]
+              f"{cell_text(r.ours_tok_s, '{:.2f}')} | {cell_text(r.ours_vs_its_target, '{:.2f}x')} |" for r in runs]
     return "\n".join(lines)
-
-
-def _or_dash(value: float | None, form: str) -> str:
-    return "–" if value is None else form.format(value)

@@ -195,11 +195,12 @@ def _categories(summaries: list[Summary]) -> list[str]:
 def _markdown(items: list, columns: tuple) -> str:
     header = "| " + " | ".join(h for h, _, _ in columns) + " |"
     rule = "|" + "|".join("---" for _ in columns) + "|"
-    lines = ["| " + " | ".join(_cell_text(getattr(item, f), fmt) for _, f, fmt in columns) + " |" for item in items]
+    lines = ["| " + " | ".join(cell_text(getattr(item, f), fmt) for _, f, fmt in columns) + " |" for item in items]
     return "\n".join([header, rule, *lines])
 
 
-def _cell_text(value, fmt: str) -> str:
+def cell_text(value, fmt: str) -> str:
+    """A table cell: `value` formatted, or a dash where there is none."""
     return "–" if value is None else fmt.format(value)
 
 
