@@ -542,20 +542,50 @@ static inline void rotated(const float *x, const float *cos, const float *sin, i
         out[i + half] = x[i + half] * cos[i + half] + x[i] * sin[i + half];
     }
 }
+/* e^x by the same operations for every element, written so that the compiler vectorizes a loop of it (libm's expf
+   is a call per element): Cephes' expf, x = k ln2 + f with |f| <= ln2 / 2, a degree-5 polynomial in f, times 2^k
+   made in the exponent's bits; 0 below -87, infinity above 88.7, within 2 ulp of expf between. */
+static inline float exp_approx(float x) {
+    const float y = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+    const float k = rintf(y * 1.44269504088896341f);
+    const float f = (y - k * 0.693359375f) - k * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * f + 1.3981999507e-3f;
+    p = p * f + 8.3334519073e-3f;
+    p = p * f + 4.1665795894e-2f;
+    p = p * f + 1.6666665459e-1f;
+    p = p * f + 5.0000001201e-1f;
+    p = p * (f * f) + f + 1.0f;
+    const int32_t bits = ((int32_t)k + 127) << 23;
+    float two_k;
+    memcpy(&two_k, &bits, sizeof two_k);
+    return x < -87.0f ? 0.0f : (x > 88.7f ? INFINITY : p * two_k);
+}
 /* One query head's softmax attention over positions 0..L-1 of its key/value head (K, V: rows D floats apart): o [D].
-   score [L] is scratch. The same operations in the same order wherever it is called from. */
+   score [L] is scratch. The same operations in the same order wherever it is called from. Each pass but the scores
+   and the weighted sum is a loop the compiler vectorizes: the largest score and the total in LANES partial results
+   (the largest is exact in any order), e^x as exp_approx, the weights divided out in a pass of their own. */
 static void attend_head(const float *q, const float *K, const float *V, int64_t L, int64_t D, float scaling,
-                        float *score, float *o) {
+                        float *restrict score, float *restrict o) {
+    for (int64_t p = 0; p < L; p++) score[p] = dot(q, K + p * D, D) * scaling;
+    float tops[LANES], sums[LANES];
+    for (int l = 0; l < LANES; l++) tops[l] = -INFINITY, sums[l] = 0.0f;
+    int64_t p = 0;
+    for (; p + LANES <= L; p += LANES)
+        for (int l = 0; l < LANES; l++) tops[l] = score[p + l] > tops[l] ? score[p + l] : tops[l];
     float top = -INFINITY;
-    for (int64_t p = 0; p < L; p++) {
-        score[p] = dot(q, K + p * D, D) * scaling;
-        top = fmaxf(top, score[p]);
-    }
+    for (int l = 0; l < LANES; l++) top = tops[l] > top ? tops[l] : top;
+    for (; p < L; p++) top = score[p] > top ? score[p] : top;
+    for (p = 0; p < L; p++) score[p] = exp_approx(score[p] - top);
+    for (p = 0; p + LANES <= L; p += LANES)
+        for (int l = 0; l < LANES; l++) sums[l] += score[p + l];
     float total = 0.0f;
-    for (int64_t p = 0; p < L; p++) total += score[p] = expf(score[p] - top);
+    for (int l = 0; l < LANES; l++) total += sums[l];
+    for (; p < L; p++) total += score[p];
+    for (p = 0; p < L; p++) score[p] = score[p] / total;
     for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
-    for (int64_t p = 0; p < L; p++) {
-        const float w = score[p] / total, *v = V + p * D;
+    for (p = 0; p < L; p++) {
+        const float w = score[p], *restrict v = V + p * D;
         for (int64_t d = 0; d < D; d++) o[d] += w * v[d];
     }
 }
@@ -612,12 +642,13 @@ void rms_norm_rows(const float *x, int64_t M, int64_t K, const float *w, float e
     }
 }
 
-/* A draft's SiLU-gated product of gate_up rows [M][2I] (gate columns, then up): silu(gate) * up, out [M][I]. */
+/* A draft's SiLU-gated product of gate_up rows [M][2I] (gate columns, then up): silu(gate) * up, out [M][I], e^x as
+   exp_approx (a loop the compiler vectorizes). */
 void silu_mul_rows(const float *gate_up, int64_t M, int64_t I, float *out) {
     for (int64_t m = 0; m < M; m++)
         for (int64_t i = 0; i < I; i++) {
             const float g = gate_up[m * 2 * I + i];
-            out[m * I + i] = g / (1.0f + expf(-g)) * gate_up[m * 2 * I + I + i];
+            out[m * I + i] = g / (1.0f + exp_approx(-g)) * gate_up[m * 2 * I + I + i];
         }
 }
 
