@@ -47,6 +47,39 @@ def test_calibration_is_measured_once_then_cached_and_recalibrated_on_request(pa
     assert lookup.draft_key != first.draft_key  # another draft: its own cost entry
 
 
+def test_a_cached_curve_is_checked_once_per_process_and_measured_again_where_the_machine_moved(pair, tmp_path,
+                                                                                              monkeypatch):
+    """Read from another process's cache, a curve is timed again before it prices anything (a one-token step and
+    its largest size, in turn); where either is more than DRIFT off, the curve and c are measured again; within
+    CHECK_EVERY_S this process takes what it measured or checked as it is."""
+    target, draft = pair
+    first = calibrate(target, draft, n_max=3, repeats=1, cache_dir=tmp_path)
+    step, v_last = first.target.step_s, first.target.verify[-1]
+    speed = {"step": step, "v": v_last}  # what the machine does "now", per forward size
+    monkeypatch.setattr(calibration, "forward_seconds",
+                        lambda lm, base, n: speed["step"] * (speed["v"] if n == 3 else 1.0))
+    checks = []
+    real = calibration.still_holds
+    monkeypatch.setattr(calibration, "still_holds", lambda *a, **kw: checks.append(1) or real(*a, **kw))
+    assert not calibrate(target, draft, n_max=3, repeats=1, cache_dir=tmp_path).measured_now  # measured here: taken
+    assert checks == []
+    calibration._checked.clear()  # as a new process finds it
+    speed["step"] = step * (1.0 + calibration.DRIFT / 2)  # within DRIFT: kept
+    assert not calibrate(target, draft, n_max=3, repeats=1, cache_dir=tmp_path).measured_now and checks == [1]
+    assert not calibrate(target, draft, n_max=3, repeats=1, cache_dir=tmp_path).measured_now and checks == [1]
+    calibration._checked.clear()
+    speed["v"] = v_last * (1.0 + 2 * calibration.DRIFT)  # v(n_max) moved: measured again, c too
+    again = calibrate(target, draft, n_max=3, repeats=1, cache_dir=tmp_path)
+    assert again.measured_now and checks == [1, 1]
+    assert again.target.verify[-1] == pytest.approx(speed["v"]) and cached_costs(
+        target, draft, n_max=3, repeats=1, cache_dir=tmp_path).target == again.target
+    calibration._checked.clear()
+    speed["step"] = step * (1.0 - 2 * calibration.DRIFT)  # the step moved
+    assert calibrate(target, draft, n_max=3, repeats=1, cache_dir=tmp_path).measured_now
+    monkeypatch.setattr(calibration.time, "monotonic", lambda: 1e12)  # CHECK_EVERY_S later: checked again
+    assert not calibrate(target, draft, n_max=3, repeats=1, cache_dir=tmp_path).measured_now and len(checks) == 4
+
+
 def test_a_recalibration_of_several_drafts_measures_the_targets_curve_once(pair, tmp_path, monkeypatch):
     """Every draft is priced with the one curve the cache keeps (measured again per draft, each measurement would
     replace the one the drafts before it were priced with)."""

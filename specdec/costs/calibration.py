@@ -15,12 +15,20 @@ and `CostModel.predicted_speedup(alpha, k)` = E[tokens per round] / (v(k+1) + k*
 per target (v) and one per (target, draft) pair (c), keyed by model identity and weight format, the hardware
 (CPU model and flags, threads, torch) and the int8 kernel path; `recalibrate=True` measures again, and
 `cached_costs` reads the cache alone (None where nothing is).
+
+A machine's speed can move by itself between processes (a shared host's memory bandwidth): the same CPU has run the
+int8 target's one-token step in 27 ms in one process and 44 ms in another, and v(9) with it from 1.58 to 1.16
+(the step gets slower where it waits on memory, a 9-token forward much less). So a curve read from the cache is
+checked once per process (and again after CHECK_EVERY_S) before it prices anything: a one-token step and an
+n_max-token forward timed in turn (`still_holds`); where either is more than DRIFT from the curve's, the curve and
+the draft's c are measured again and stored.
 """
 from __future__ import annotations
 
 import functools
 import hashlib
 import json
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Mapping
@@ -44,6 +52,9 @@ DRAFT_REPEATS = 9  # draft forwards timed for c, each beside a one-token target 
 N_MAX = K_AUTO_MAX + 1  # largest verification size calibrated: k_max drafts plus the target's own token
 MEASURING = "measuring what verification and drafting cost on this machine"  # what a BudgetExceeded says
 METHOD = 7  # bump when what a calibration measures changes (7: c from draft forwards and target steps in turn)
+CHECK_EVERY_S = 600.0  # a curve this process has measured or checked is taken as it is for this long
+DRIFT = 0.15  # a cached curve whose step or v(n_max), timed now, is this far from it (relative) is measured again
+_checked: dict[str, float] = {}  # target key -> time.monotonic() when this process last measured or checked it
 
 
 def calibrate(target, draft=None, *, n_max: int = N_MAX, repeats: int = REPEATS, recalibrate: bool = False,
@@ -59,14 +70,18 @@ def calibrate(target, draft=None, *, n_max: int = N_MAX, repeats: int = REPEATS,
     target_model, drafter, folder, target_key, draft_key = _entries(target, draft, n_max, repeats, cache_dir)
     reused = curve is not None and curve.key == target_key
     cached = asdict(curve) if reused else _cached(folder, target_key, recalibrate)
-    fresh = cached is None
+    target_costs = None if cached is None else TargetCosts(**cached)
+    if target_costs is not None:
+        set_rows_first(target_model, target_costs.rows_first)  # the faster product for each size, as measured
+        if not reused and _due(target_key) and not still_holds(target_model, target_costs, repeats, budget):
+            target_costs = None  # the machine runs otherwise now than when it was measured
+    fresh = target_costs is None
     if fresh:
         step_s, verify, rows_first = measure_verification(target_model, n_max, repeats, budget)
         target_costs = TargetCosts(step_s, verify, target_key, rows_first)
         _store(folder, target_key, asdict(target_costs))
-    else:
-        target_costs = TargetCosts(**cached)
-    set_rows_first(target_model, target_costs.rows_first)  # the faster product for each size, as measured
+        set_rows_first(target_model, target_costs.rows_first)
+    _checked[target_key] = time.monotonic()
     stored = None if recalibrate or fresh else _cached(folder, draft_key, False)
     draft_model = _own_model(drafter, target_model)
     if stored is None:
@@ -143,6 +158,27 @@ def measure_verification(model: torch.nn.Module, n_max: int, repeats: int,
     best = {n: min(modes, key=lambda m: seconds[(n, m)]) for n in sizes}
     step_s = seconds[(1, best[1])]
     return step_s, [seconds[(n, best[n])] / step_s for n in sizes], [n for n in sizes if n > 1 and best[n]]
+
+
+def _due(key: str) -> bool:
+    """Whether the curve `key` is to be checked: this process has not measured or checked it in CHECK_EVERY_S."""
+    return time.monotonic() - _checked.get(key, -CHECK_EVERY_S) >= CHECK_EVERY_S
+
+
+def still_holds(model: torch.nn.Module, costs: TargetCosts, repeats: int, budget: Budget = Budget()) -> bool:
+    """Whether `costs` still describe `model` on this machine as it runs now: a one-token step and a forward over
+    the curve's largest size timed in turn (`repeats` each, medians), each within DRIFT of what the curve says."""
+    lm, base = primed_cache(model)
+    forward_seconds(lm, base, 1)  # warm-up
+    largest = len(costs.verify)
+
+    def forward(n: int) -> float:
+        budget.check(MEASURING)
+        return forward_seconds(lm, base, n)
+
+    seconds = medians(interleaved({n: functools.partial(forward, n) for n in (1, largest)}, repeats))
+    step, v = seconds[1], seconds[largest] / seconds[1]
+    return abs(step / costs.step_s - 1.0) <= DRIFT and abs(v / costs.verify[-1] - 1.0) <= DRIFT
 
 
 def measure_draft_cost(target_model: torch.nn.Module, drafter: Drafter, repeats: int,
