@@ -12,6 +12,7 @@ from specdec import autoregressive_generate, speculative_generate
 from specdec.core import kv
 from specdec.core.kv import CACHE_CLASS_FLAG, CachedLM
 from specdec.models import formats, int8_forward, native
+from specdec.models.quant4 import quantize_int4
 from specdec.testing import perturbed_copy, tiny_model
 
 CONTEXT = [1, 5, 9, 13, 7, 4, 8, 6, 12, 3, 10, 11]
@@ -119,7 +120,7 @@ def test_a_4bit_drafts_layer_in_one_call_is_bitwise_its_step_call_by_call():
 
 def test_other_models_a_cache_lever_and_the_switch_run_transformers_forward(monkeypatch):
     assert CachedLM(tiny_model("llama")).plan is None  # float32
-    assert CachedLM(int8_model("llama", "int4")).plan is None  # its q/k/v apart
+    assert CachedLM(quantize_int4(tiny_model("llama"))).plan is None  # on torch's int4 kernel
     assert CachedLM(int8_model("gpt2", "int8")).plan is None
     model = int8_model("llama")
     setattr(model, CACHE_CLASS_FLAG, type(CachedLM(tiny_model("llama")).cache))

@@ -113,6 +113,15 @@ def quantized(arch: str, seed: int = 0, **config) -> torch.nn.Module:
     return quantize_int4(tiny_model(arch, seed, **config))
 
 
+def on_product(model: torch.nn.Module) -> torch.nn.Module:
+    """The int4 target as a load makes it where specdec's compiled product builds."""
+    return quant4.rows_on_product(quantize_int4(model))
+
+
+BUILT = pytest.mark.skipif(native.library() is None, reason="the compiled product is not built here")
+FORMS = [pytest.param(quantize_int4, id="torch-kernel"), pytest.param(on_product, id="product", marks=BUILT)]
+
+
 @pytest.mark.parametrize("tied", [False, True])
 def test_linears_become_int4_the_head_int8_and_the_embedding_4_bit_or_the_tied_heads_rows(tied):
     from specdec.testing import tiny_config
@@ -175,30 +184,47 @@ def test_a_4_bit_layer_unpacks_to_its_groups_and_keeps_rows_bit_for_bit():
     assert torch.equal(layer.kept_rows(rows)(x), layer(x)[:, rows])
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_int4_forward_of_n_tokens_equals_n_one_token_steps(arch):
-    assert_n_tokens_are_n_steps(quantized(arch), CONTEXT, most=9, vocab=128)
+def test_int4_forward_of_n_tokens_equals_n_one_token_steps(arch, form):
+    assert_n_tokens_are_n_steps(form(tiny_model(arch, 0)), CONTEXT, most=9, vocab=128)
 
 
-def test_int4_forward_is_row_invariant_at_the_target_widths():
+@BUILT
+def test_the_int4_target_on_the_product_keeps_its_int8_layers_and_attention_row_by_row():
+    model = on_product(tiny_model("qwen2", 0))
+    layers = [m for m in model.modules() if isinstance(m, (Int4Linear, quant4.Int4DynamicLinear, Int8Linear))]
+    assert {type(m) for m in layers} == {quant4.Int4DynamicLinear, Int8Linear}
+    assert isinstance(model.get_output_embeddings(), Int8Linear)  # the head's logits as the int8 path's
+    assert model.config._attn_implementation == ROWWISE_ATTENTION and formats.format_of(model) == "int4"
+    assert CachedLM(model).plan is not None  # run by its own forward, never the draft's fused layer
+    assert not CachedLM(model).plan.fused
+    draft = quant4.dynamic_rows(model)  # the draft's form made from it, as from the torch kernel's model
+    assert formats.format_of(draft) == "int4-dynamic"
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_int4_forward_is_row_invariant_at_the_target_widths(form):
     """One layer at Qwen2.5 1.5B's widths (2 KV heads), 30 tokens cached (long caches: tests/test_quant.py)."""
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=512, hidden_size=1536, intermediate_size=8960, num_hidden_layers=1,
                          num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True)
-    model = quantize_int4(AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval())
+    model = form(AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval())
     context = [(7919 * i) % 500 + 5 for i in range(30)]
     assert_n_tokens_are_n_steps(model, context, most=9, vocab=512)
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_greedy_speculative_equals_int4_target_alone(arch):
-    target, draft = quantized_pair(arch, quantize_int4)
+def test_greedy_speculative_equals_int4_target_alone(arch, form):
+    target, draft = quantized_pair(arch, form)
     for k in (1, 3, 5, 8):
         assert_speculative_is_target_alone(target, draft, k)
 
 
-def test_greedy_identity_holds_at_a_constructed_near_tie():
-    assert_greedy_identity_at_a_near_tie("qwen2", quantize_int4)
+@pytest.mark.parametrize("form", FORMS)
+def test_greedy_identity_holds_at_a_constructed_near_tie(form):
+    assert_greedy_identity_at_a_near_tie("qwen2", form)
 
 
 def test_a_row_coupled_int4_linear_breaks_the_identity(monkeypatch):
@@ -248,10 +274,10 @@ def test_a_folder_loads_as_int4_then_from_its_store_bit_for_bit(tmp_path, monkey
     assert {k: v for k, v in stored.model.state_dict().items()}.keys() == first.model.state_dict().keys()
     assert all(torch.equal(v, first.model.state_dict()[k]) for k, v in stored.model.state_dict().items())
     assert torch.equal(stored.model(FOLDER_IDS).logits, first.model(FOLDER_IDS).logits)
-    again = quantize_int4(load_model(str(folder), dtype="float32").model)
+    again = formats.to_format(load_model(str(folder), dtype="float32").model, "int4")  # on the product where built
     assert torch.equal(stored.model(FOLDER_IDS).logits, again(FOLDER_IDS).logits)
     draft = load_draft(str(folder), load_model(str(folder), quant="int8"), dtype="int4")  # an int8 target's draft
-    assert draft.dtype == "int4" and any(isinstance(m, Int4Linear) for m in draft.model.modules())
+    assert draft.dtype == "int4" and formats.format_of(draft.model) == "int4"
     assert load_model(str(folder), dtype="int4").source == "cache (int4)"  # dtype int4 = quant int4
     with monkeypatch.context() as patch:  # the int4-dynamic draft: the same store, on the compiled product
         no_rebuild(patch)
@@ -322,7 +348,8 @@ def test_a_gguf_becomes_int4_without_a_float32_copy_and_loads_back_bit_for_bit(t
     assert (first.source, first.dtype, first.path, first.name) == ("gguf", "int4", path, "tiny-q4")
     assert not list((cache.root() / "converted").glob("*/float32"))  # no float32 copy on disk
     reference = load_model(str(path), dtype="float32").model  # transformers' dequantization of the same file
-    layers = dict(first.model.named_modules())
+    built, _ = quant4.int4_from_gguf(path)  # as stored: its layers before they run on the compiled product
+    layers = dict(built.named_modules())
     for name, module in reference.named_modules():
         if not isinstance(module, torch.nn.Linear):
             continue
@@ -339,6 +366,7 @@ def test_a_gguf_becomes_int4_without_a_float32_copy_and_loads_back_bit_for_bit(t
     ids = torch.tensor([[0, 5, 299, 17]])
     assert isinstance(first.model.get_input_embeddings(), Int4Embedding)
     assert torch.equal(first.model.get_input_embeddings()(ids), reference.get_input_embeddings()(ids))  # q4_K exact
+    assert torch.equal(first.model(IDS).logits, quant4.rows_on_product(built)(IDS).logits)
     logits, expected = first.model(IDS).logits, reference(IDS).logits
     rms = lambda t: t.pow(2).mean().sqrt()  # noqa: E731 (the largest of 1200 errors swings with the int8 layers' range)
     assert rms(logits - expected) < 0.1 * rms(expected)

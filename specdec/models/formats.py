@@ -53,7 +53,7 @@ VERIFY_ROWS = 5  # rows of the timed verification forward (k = 4 drafts + the ta
 REPEATS = 7  # timed forwards per depth and size, the two depths interleaved; the fastest is kept (noise only adds)
 SCREEN_REPEATS = 2  # repeats every format gets; the rest only where these score under SCREEN_MARGIN × the best
 SCREEN_MARGIN = 1.5  # a format this much slower than one already timed is not timed further: it cannot win
-METHOD = 6  # bump when what a format calibration measures changes (6: the int4-dynamic draft's head in 4 bits)
+METHOD = 7  # bump when what a format calibration measures changes (7: the int4 target on the compiled product)
 
 
 @dataclass
@@ -107,8 +107,9 @@ class FormatChoice:
 
 
 DRAFT_ONLY = ("int8-dynamic", "int4-dynamic")  # a draft's forms (rows coupled, or not the row-invariant bits)
-DERIVED = {"int8-dynamic": ("int8", quant.couple_rows),  # format: (the format whose model it is made from, how)
-           "int4-dynamic": ("int4", quant4.dynamic_rows)}
+DERIVED = {"int8-dynamic": ("int8", quant.couple_rows),  # format: (the format whose stored model it is made from,
+           "int4-dynamic": ("int4", quant4.dynamic_rows),  # and how): a draft's forms, and the int4 target on the
+           "int4": ("int4", quant4.rows_on_product)}  # compiled product where it builds
 
 
 def candidates(device: str = "cpu", role: str = "draft") -> tuple[str, ...]:
@@ -201,7 +202,7 @@ def _time_each(deep, depth: int, formats, repeats: int) -> list[FormatTiming]:
     timings, last = [], None  # the last format timed and its model
     for format_ in formats:
         source, derive = DERIVED.get(format_, (None, None))
-        if last is not None and last[0] == source:
+        if last is not None and last[0] == source != format_:
             model = derive(last[1])  # the model just timed in its draft's form: as to_format makes it
         elif format_ in CPU_ONLY:
             model = _drawn(deep(values=False), format_)
@@ -295,12 +296,13 @@ def _config_at_depth(config, layers: int):
 
 def format_of(model: torch.nn.Module) -> str:
     """The weight format a model runs in, read off its layers (one of FORMATS; another float dtype by its name):
-    int4-dynamic where a layer is a 4-bit draft's, int4 where a layer is 4-bit, int8-dynamic where its int8 layers
-    run fbgemm's coupled rows, int8, else the dtype of its parameters."""
+    int4 where a layer is 4-bit and attention row by row (`quant4.rows_on_product` or torch's kernel), int4-dynamic
+    where a layer is on the compiled product and attention is not, int8-dynamic where its int8 layers run fbgemm's
+    coupled rows, int8, else the dtype of its parameters."""
     layers = [m for m in model.modules()
               if isinstance(m, (quant.Int8Linear, quant4.Int4Linear, quant4.Int4DynamicLinear))]
     if any(isinstance(m, quant4.Int4DynamicLinear) for m in layers):
-        return "int4-dynamic"
+        return "int4" if model.config._attn_implementation == quant.ROWWISE_ATTENTION else "int4-dynamic"
     if any(isinstance(m, quant4.Int4Linear) for m in layers):
         return "int4"
     if any(m.coupled is not None for m in layers):
