@@ -5,7 +5,7 @@ import torch
 
 from specdec import autoregressive_generate, speculative_generate
 from specdec.core import hardware
-from specdec.models import formats, loading, quant
+from specdec.models import formats, loading, native, quant, quant4
 from specdec.models.formats import FormatTiming
 from specdec.testing import perturbed_copy, tiny_config, tiny_folder, tiny_model
 from test_quant import OTHER_LIMIT
@@ -175,8 +175,11 @@ def test_calibration_models_draw_their_codes_and_quantizing_afterwards_is_unchan
     config = tiny_config(family, hidden=64, layers=2)
     drawn = formats.build(config, format_, 2)
     codes = [m.int8_weight() for m in drawn.modules() if isinstance(m, quant.Int8Linear)]
+    codes4 = [native.unpack4(m.packed)[0] for m in drawn.modules() if isinstance(m, quant4.Int4DynamicLinear)]
     limit = quant.weight_limit()
-    assert codes and all(int(c.min()) == -limit and int(c.max()) == limit for c in codes if c.numel() > 10_000)
+    assert codes or codes4  # int4 on the compiled product: every layer 4-bit, the head requantized from its codes
+    assert all(int(c.min()) == -limit and int(c.max()) == limit for c in codes if c.numel() > 10_000)
+    assert all(int(c.min()) == 0 and int(c.max()) == quant4.CODE_MAX for c in codes4 if c.numel() > 10_000)
     assert not [name for name, p in drawn.named_parameters() if p.dim() > 1 and p.is_floating_point()]
     with torch.inference_mode():
         assert torch.isfinite(drawn(torch.tensor([[1, 2, 3]])).logits).all()

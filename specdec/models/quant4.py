@@ -19,15 +19,16 @@ lossless only if the verification forward over n tokens gives, row for row, the 
 - Attention is quant.py's `rowwise_attention`; norms, rotary, activations and residual adds are row-invariant.
 
 Where specdec's compiled product builds (`specdec.models.native`), the model is then run on it
-(`rows_on_product`): its 4-bit layers become `Int4DynamicLinear`, each row quantized to int8 alone, exact integer
-sums per group, float32 sums over the groups in one fixed order, no bf16 rounding; the int8 layers and the rowwise
-attention stay, so a verification row is still bitwise a one-token step, and 5 rows cost about one step where
-torch's kernel takes 2.4 (docs/int4.md). That is the int4 target "auto" weighs against int8.
+(`rows_on_product`): every Linear of whole groups, the head and the 6-bit layers too (requantized to 4-bit groups),
+becomes an `Int4DynamicLinear`, each row quantized to int8 alone, exact integer sums per group, float32 sums over
+the groups in one fixed order, no bf16 rounding; attention stays row by row, so a verification row is still bitwise
+a one-token step, and 5 rows cost about one step where torch's kernel takes 2.4 (docs/int4.md). That is the int4
+target "auto" weighs against int8.
 
-A draft may run the same 4-bit weights faster still where rows need not be bitwise one-token steps (a draft's
-precision never changes the output): `dynamic_rows(model)` makes the int4 model the int4-dynamic draft, every
-Linear, the head included, an `Int4DynamicLinear`, q/k/v and gate/up each one layer, attention SDPA (one fused
-call per layer for a one-token step), run by the model's own forward (`specdec.models.int8_forward`).
+A draft may run the same layers faster still where rows need not be bitwise one-token steps (a draft's precision
+never changes the output): `dynamic_rows(model)` makes the int4 model the int4-dynamic draft, the same layers with
+SDPA attention (a one-token step one compiled call per layer), run by the model's own forward
+(`specdec.models.int8_forward`).
 
 Two ways in: `quantize_int4(model)` quantizes a float32 model (min/max per group), and `int4_from_gguf(path)`
 builds the model from a GGUF one tensor at a time without a float32 copy: a q4_K tensor's codes are taken as
@@ -194,50 +195,48 @@ class Int4DynamicLinear(SharedInput, torch.nn.Module):
 
 
 def rows_on_product(model: torch.nn.Module) -> torch.nn.Module:
-    """The int4 target on specdec's compiled product where it builds here, in place: its 4-bit layers become
-    Int4DynamicLinear (q/k/v and gate/up each one where all are 4-bit), its int8 layers (the head, q6_K tensors)
-    and `rowwise_attention` stay, run by the model's own forward. Each row is quantized to int8 alone, its integer
-    sums are exact, and its float sums over the groups run in one fixed order whatever the number of rows (compiled
-    without fused multiply-adds): a verification row is still bitwise a one-token step, as on torch's int4 kernel,
-    but 5 rows cost about one step where torch's kernel took 2.4 (docs/int4.md). Where the product is not built,
-    the model stays on torch's kernel. Returns `model`."""
+    """The int4 target on specdec's compiled product where it builds here, in place: every Linear of whole groups, the
+    head and the GGUF's 6-bit layers too (their int8 weights requantized to 4-bit groups), becomes an
+    Int4DynamicLinear (q/k/v and gate/up each one), run by the model's own forward with `rowwise_attention`. Each
+    row is quantized to int8 alone, its integer sums are exact, and its float sums over the groups run in one fixed
+    order whatever the number of rows (compiled without fused multiply-adds): a verification row is still bitwise a
+    one-token step, as on torch's int4 kernel, but 5 rows cost about one step where torch's kernel took 2.4
+    (docs/int4.md). Where the product is not built, the model stays on torch's kernel. Returns `model`."""
     if native.library() is None:
         return model
-    _on_product(model, lambda m: isinstance(m, Int4Linear))
-    return quant._attending(model, quant.ROWWISE_ATTENTION, quant.rowwise_attention)
+    return quant._attending(_on_product(model), quant.ROWWISE_ATTENTION, quant.rowwise_attention)
 
 
 def dynamic_rows(model: torch.nn.Module) -> torch.nn.Module:
     """Turn an int4 model (`quantize_int4`, `int4_from_gguf`, `int4_from_state`, `rows_on_product`) into the
-    int4-dynamic draft, in place: its 4-bit layers' groups, and its int8 layers (the head too) requantized to 4-bit
-    groups, as Int4DynamicLinear (q/k/v and gate/up each one, read through Int8Slices), attention SDPA, marked to
-    run its own forward. A draft's form, never a target's (SDPA's rows are not one-token steps). RuntimeError where
-    the kernel is not built.
+    int4-dynamic draft, in place: the same layers as `rows_on_product` makes, with SDPA attention (a one-token step
+    one compiled call per layer, `native.draft_layer`). A draft's form, never a target's (SDPA's rows are not
+    one-token steps). RuntimeError where the kernel is not built."""
+    return quant._attending(_on_product(model), "sdpa", int8_forward.sdpa_attention)
 
-    The head is a draft step's largest weight (the 0.5B's: 136 MB of int8 against 0.38 GB in all); in 4 bits a step
-    reads 51 MB less (docs/performance.md). A tied embedding, which read the int8 head's rows, keeps them as its own.
-    """
+
+def _on_product(model: torch.nn.Module) -> torch.nn.Module:
+    """Every 4-bit or int8 Linear of whole groups as an Int4DynamicLinear, in place: a 4-bit layer's groups as they
+    are, an int8 layer's weight requantized to 4-bit groups; siblings of one input (q/k/v, gate/up) as one, read
+    through Int8Slices. The head is a step's largest weight (the 0.5B's: 136 MB of int8 against 0.38 GB in all); in 4
+    bits a step reads 51 MB less (docs/performance.md). A tied embedding, which read the int8 head's rows, keeps them
+    as its own table."""
     head = model.get_output_embeddings()
     if getattr(model.get_input_embeddings(), "tied", False) and _fits_dynamic(head):
         quant.set_embedding(model, quant.Int8Embedding(head.weight, head.weight_scale))
-    _on_product(model, _fits_dynamic)
-    return quant._attending(model, "sdpa", int8_forward.sdpa_attention)
 
-
-def _on_product(model: torch.nn.Module, takes: Callable[[torch.nn.Module], bool]) -> None:
-    """Every layer `takes` accepts as an Int4DynamicLinear of its groups, in place; siblings of one input (q/k/v,
-    gate/up) that it all accepts as one, read through Int8Slices."""
     def shared(name: str, modules: list[torch.nn.Module]) -> Int4DynamicLinear:
         parts = [_groups_of(m) for m in modules]
         bias = None if modules[0].bias is None else torch.cat([m.bias for m in modules])
         return Int4DynamicLinear(_joined(parts), bias)
 
-    quant._share_inputs(model, shared, takes=takes, suffix="_int4")
+    quant._share_inputs(model, shared, takes=_fits_dynamic, suffix="_int4")
     for parent in list(model.modules()):
         for name, module in list(parent.named_children()):
-            if takes(module):
+            if _fits_dynamic(module):
                 setattr(parent, name, Int4DynamicLinear(_groups_of(module), module.bias))
     _packed_order.cache_clear()  # an index per shape, needed while unpacking only
+    return model
 
 
 def _fits_dynamic(module) -> bool:
