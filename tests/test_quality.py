@@ -148,8 +148,19 @@ def test_records_of_this_machine_come_before_the_shipped_ones_and_a_bad_file_is_
 
 
 def test_a_model_without_records_says_how_to_measure_it(tmp_path):
-    [line] = quality.quality_lines("m", [tmp_path])
+    [line] = quality.quality_lines("m", folders=[tmp_path])
     assert "not measured yet" in line and "python -m specdec quality --target m --quant int8" in line
+
+
+def test_the_format_a_target_runs_in_comes_first_or_how_to_measure_it(tmp_path):
+    quality.save_record(record("m int8", 0.99), tmp_path)
+    quality.save_record(record("m int4", 0.95), tmp_path)
+    assert [line.split(" against")[0] for line in quality.quality_lines("m", "int4", [tmp_path])] == ["m int4", "m int8"]
+    assert [line.split(" against")[0] for line in quality.quality_lines("m", "int8", [tmp_path])] == ["m int8", "m int4"]
+    (tmp_path / next(p.name for p in tmp_path.glob("*.json") if "int4" in p.read_text())).unlink()
+    first, second = quality.quality_lines("m", "int4", [tmp_path])
+    assert "python -m specdec quality --target m --quant int4" in first and second.startswith("m int8 against")
+    assert quality.quality_lines("m", "float32", [tmp_path]) == [second]  # nothing to measure against itself
 
 
 def test_the_shipped_records_read_back_for_the_default_target():

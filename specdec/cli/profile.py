@@ -141,7 +141,7 @@ def _print_formats(args, target: LoadedModel, drafts: dict) -> None:
         return
     if args.dtype == "auto" and args.quant == "none":
         print(format_choice(args.target, "target").describe())
-    print("\n".join(quality_lines(target.name)))
+    print("\n".join(quality_lines(target.name, target.dtype)))
     for spec, draft in drafts.items():
         if args.draft_dtype == "auto" and isinstance(draft, LoadedModel):
             print(format_choice(spec, "draft").describe())
@@ -207,12 +207,14 @@ def print_breakdowns(model, forwards: int) -> None:
 
 
 def print_kernels(target) -> None:
-    """Median ms of each kernel on the target's MLP and LM-head shapes, by rows."""
+    """Median ms of each kernel on the target's widest layer's and LM head's shapes, by rows (random float weights of
+    those shapes: a product's time depends on its shape, and the target's own may be int8 or 4-bit)."""
     model, _ = unwrap(target, None)
-    head = model.get_output_embeddings().weight
-    up = next(m.weight for m in model.modules() if isinstance(m, torch.nn.Linear) and m.weight.shape[0] > head.shape[1])
-    for name, weight in (("MLP", up), ("LM head", head)):
-        w32 = weight.detach().float().cpu()  # the CPU's kernels, wherever the model lives
+    head = model.get_output_embeddings()
+    layers = [m for m in model.modules() if m is not head and hasattr(m, "in_features") and hasattr(m, "out_features")]
+    widest = [("MLP", max(layers, key=lambda m: m.out_features))] if layers else []
+    for name, layer in (*widest, ("LM head", head)):
+        w32 = torch.randn(layer.out_features, layer.in_features)  # the CPU's kernels, wherever the model lives
         w16 = w32.to(torch.bfloat16)
         for rows in KERNEL_ROWS:
             x = torch.randn(rows, w32.shape[1])

@@ -39,7 +39,7 @@ from specdec.core import files, hardware
 from specdec.core.inputs import unwrap
 from specdec.core.suites import Prompt, encode, load_suite
 from specdec.models import cache, formats
-from specdec.models.loading import LoadedModel
+from specdec.models.loading import QUANTS, LoadedModel
 from specdec.training.distill import Example, cached_examples
 
 POOLED = "pooled"  # category name of the row over every prompt
@@ -275,8 +275,15 @@ def _read_record(path: Path) -> QualityRecord | None:
     return QualityRecord(**{name: data[name] for name in names})
 
 
-def quality_lines(name: str, folders: list[Path] | None = None) -> list[str]:
-    """What is known of the quality of `name`'s formats against its float model, or how to measure it."""
-    lines = [record.line() for record in records_for(name, folders)]
-    return lines or [f"{name}: quality against its float model not measured yet "
-                     f"(`python -m specdec quality --target {name} --quant int8`)"]
+def quality_lines(name: str, format_: str | None = None, folders: list[Path] | None = None) -> list[str]:
+    """What is known of the quality of `name`'s formats against its float model: the record of `format_` (the
+    quantized format it runs in, where known) first, else first how to measure that one; with no format and no
+    record, how to measure the int8 one."""
+    mine = f"{name} {format_}"
+    records = sorted(records_for(name, folders), key=lambda r: r.candidate != mine)
+    lines = [record.line() for record in records]
+    wanted = format_ if format_ in QUANTS[1:] else None if format_ or lines else "int8"
+    if wanted and not (records and records[0].candidate == f"{name} {wanted}"):
+        lines.insert(0, f"{name} {wanted}: quality against its float model not measured yet "
+                        f"(`python -m specdec quality --target {name} --quant {wanted}`)")
+    return lines

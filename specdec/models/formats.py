@@ -53,7 +53,7 @@ VERIFY_ROWS = 5  # rows of the timed verification forward (k = 4 drafts + the ta
 REPEATS = 7  # timed forwards per depth and size, the two depths interleaved; the fastest is kept (noise only adds)
 SCREEN_REPEATS = 2  # repeats every format gets; the rest only where these score under SCREEN_MARGIN × the best
 SCREEN_MARGIN = 1.5  # a format this much slower than one already timed is not timed further: it cannot win
-METHOD = 7  # bump when what a format calibration measures changes (7: the int4 target on the compiled product)
+METHOD = 8  # bump when what a format calibration measures changes (8: the int4 target on the compiled product)
 
 
 @dataclass

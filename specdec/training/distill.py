@@ -220,10 +220,15 @@ def _whole_lines(partial: Path) -> list[Example]:
 
 
 def _fingerprint(model) -> list:
-    """Cheap identity of a model's weights: config name, sizes, and a few sums of its head."""
+    """Cheap identity of a model's weights: config name, sizes, and the sum of its head's first 64 outputs for a
+    fixed input (a head in any format: float, int8, 4-bit, whose weight may be only a shape)."""
     model, _ = unwrap(model, None)
-    head = model.get_output_embeddings().weight
-    return [type(model).__name__, list(head.shape), round(float(head[:64].detach().double().sum()), 4)]
+    head, hidden = model.get_output_embeddings(), model.config.hidden_size
+    parameter = next(p for p in model.parameters() if p.is_floating_point() and not p.is_meta)
+    with torch.no_grad():
+        probe = torch.linspace(-1, 1, hidden, device=parameter.device, dtype=parameter.dtype)[None]  # [1, H]
+        outputs = head(probe)[0, :64]  # [64]
+    return [type(model).__name__, list(head.weight.shape), round(float(outputs.double().sum()), 4)]
 
 
 def load_examples(path) -> list[Example]:

@@ -64,9 +64,9 @@ def hardware_view(hub: ModelHub, target, draft, bridge) -> tuple:
         pair, missing = (None, None), NOT_LOADED
     except ValueError as error:  # a name this host does not offer, a draft that does not fit the target
         pair, missing = (None, None), cache.redact(str(error))
-    name = pair[0].name if pair[0] is not None else target
+    name, format_ = (pair[0].name, pair[0].dtype) if pair[0] is not None else (target, None)
     return render(machine_report(hub.pool.held(), *pair, draft_name=draft, missing=missing)) + (
-        "  \n".join(quality_lines(name)),)
+        "  \n".join(quality_lines(name, format_)),)
 
 
 @user_errors
