@@ -395,3 +395,15 @@ def test_a_gguf_of_another_architecture_is_one_clear_line(tmp_path, monkeypatch)
     assert "\n" not in str(error.value)
     with pytest.raises(ValueError, match="not found"):
         load_model(str(tmp_path / "missing.gguf"), quant="int4")
+
+
+def test_the_app_runs_the_int4_path_through_its_pool(tmp_path):
+    from specdec.dashboard.config import AppConfig
+    from specdec.dashboard.hub import ModelHub
+    from specdec.models import ModelPool
+    folder = str(tiny_folder(tmp_path / "t", seed=0))
+    hub = ModelHub(AppConfig.from_env({"SPECDEC_DTYPE": "int4"}), ModelPool(budget_bytes=2**30))
+    target, draft = hub.pair(folder, folder)
+    assert target.dtype == "int4" and draft.dtype == "int4" and formats.format_of(target.model) == "int4"
+    result = speculative_generate(target, draft, "def print the", k=3, max_new_tokens=8, costs=hub.costs(target, draft))
+    assert result.token_ids == autoregressive_generate(target, "def print the", max_new_tokens=8).token_ids

@@ -40,7 +40,7 @@ from specdec.lab.presets import PROMPTS  # noqa: F401  (the presets the tabs off
 K_RANGE = (1, K_UI_MAX)  # draft tokens per round offered by the dashboard (specdec.core.limits)
 K_CHOICES = ["auto", *range(K_RANGE[0], K_RANGE[1] + 1)]  # the k dropdowns' options
 MODEL_DRAFTERS = ("lookup", "self:4", "self:8", "self:14")  # need no second model: prompt lookup, first L target layers
-DTYPES = ("auto", "float32", "bfloat16", "int8")
+DTYPES = ("auto", "float32", "bfloat16", "int8", "int4")
 PROXY_HEADERS = ("x-forwarded-for", "x-forwarded-host", "forwarded", "x-real-ip")  # added by reverse proxies
 EXPLICIT = {"allow_custom_models": "SPECDEC_ALLOW_CUSTOM_MODELS", "allow_training": "SPECDEC_ALLOW_TRAINING"}
 
