@@ -31,7 +31,8 @@ CGROUP_LIMITS = (Path("/sys/fs/cgroup/memory.max"),  # cgroup v2
                  Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"))  # cgroup v1
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2,
                "int8": 1.25, "int8-dynamic": 1.25,  # int8: a byte a weight (fbgemm's packed copy), the head again
-               "int4": 1, "int4-dynamic": 1,  # int4: packed codes and scales, the head and 6-bit-and-wider layers int8
+               "int4": 1, "int4-dynamic": 1,  # int4: 0.625 a weight on the compiled product (codes, float16 scales),
+               # more on torch's kernel, whose head and 6-bit-and-wider layers stay int8: 1 bounds both
                "auto": 4}  # auto: not measured before the first load, so the widest format is reserved
 SCALES = {"K": 1e3, "M": 1e6, "B": 1e9}  # suffixes of a catalogue entry's parameter count
 
