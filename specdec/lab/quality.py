@@ -279,10 +279,12 @@ def quality_lines(name: str, format_: str | None = None, folders: list[Path] | N
     """What is known of the quality of `name`'s formats against its float model: the record of `format_` (the
     quantized format it runs in, where known) first, else first how to measure that one; with no format and no
     record, how to measure the int8 one."""
-    mine = f"{name} {format_}"
-    records = sorted(records_for(name, folders), key=lambda r: r.candidate != mine)
+    records = sorted(records_for(name, folders), key=lambda r: r.candidate != f"{name} {format_}")
     lines = [record.line() for record in records]
-    wanted = format_ if format_ in QUANTS[1:] else None if format_ or lines else "int8"
+    if format_ is None:
+        wanted = None if lines else "int8"
+    else:
+        wanted = format_ if format_ in QUANTS[1:] else None  # a float format is the reference itself
     if wanted and not (records and records[0].candidate == f"{name} {wanted}"):
         lines.insert(0, f"{name} {wanted}: quality against its float model not measured yet "
                         f"(`python -m specdec quality --target {name} --quant {wanted}`)")
