@@ -1,5 +1,6 @@
 """The drafter factory and the hybrid drafter (prompt lookup first, the model otherwise)."""
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -283,3 +284,23 @@ def test_a_sure_greedy_model_draft_goes_on_past_n_up_to_most(pair):
     extended = ModelDrafter(draft).propose(context, 2, policy)
     assert len(extended.token_ids) == next((i for i in range(2, 6) if chosen[i - 1] <= threshold), 6)
     assert extended.token_ids == longest.token_ids[:len(extended.token_ids)]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_model_draft_proposes_nothing_after_an_end_of_sequence(pair, temperature):
+    """SamplingPolicy.ends (the engine sets the target's EOS ids): a token after an end is never emitted, so a model
+    draft stops there (greedy or sampled, asked for n or going on when sure) and the hybrid returns that head."""
+    target, draft = pair
+    context = [1, 5, 9, 13]
+    vocab = target.get_output_embeddings().weight.shape[0]
+    policy = SamplingPolicy(temperature, 1.0, torch.Generator().manual_seed(0), vocab, 0.0, -1.0, 6)
+    drafted = ModelDrafter(draft).propose(context, 6, policy).token_ids
+    end = drafted[2]
+    cut = drafted[:drafted.index(end) + 1]  # up to its first occurrence
+    ended = replace(policy, generator=torch.Generator().manual_seed(0), ends=frozenset({end}))
+    proposal = ModelDrafter(draft).propose(context, 6, ended)
+    assert proposal.token_ids == cut and proposal.forwards == len(cut) == len(proposal.p_draft)
+    if temperature == 0:  # going on past n when sure (greedy only) stops there too
+        assert ModelDrafter(draft).propose(context, 2, replace(ended, generator=torch.Generator())).token_ids == cut
+    hybrid = HybridDrafter(ModelDrafter(draft))
+    assert hybrid.propose(context, 6, replace(ended, generator=torch.Generator().manual_seed(0))).token_ids == cut

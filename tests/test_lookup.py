@@ -61,6 +61,13 @@ def test_greedy_identity_with_the_target_alone(arch, prompt):
         assert all(r.draft_forwards == 0 for r in spec.rounds)
 
 
+def test_a_copy_ends_at_an_end_of_sequence():
+    """A copy past the target's end is never emitted: the proposal stops on it (SamplingPolicy.ends)."""
+    ended = SamplingPolicy(0.0, 1.0, torch.Generator(), vocab_size=128, ends=frozenset({8}))
+    assert PromptLookupDraft().propose(REPEATING, 4, GREEDY).token_ids == [7, 8, 11, 12]
+    assert PromptLookupDraft().propose(REPEATING, 4, ended).token_ids == [7, 8]
+
+
 def test_repeating_prompt_gets_drafts_and_no_match_round_emits_one_token():
     model = tiny_model("llama", seed=3, layers=2)
     spec = speculative_generate(model, PromptLookupDraft(), REPEATING, k=3, max_new_tokens=17, eos_token_id=[])

@@ -39,6 +39,7 @@ class SamplingPolicy:
     stop_below: float = 0.0  # greedy: a model draft ends its proposal after a token it gives less probability
     go_on_above: float = math.inf  # greedy: past the n asked, a model draft goes on while its tokens get more ...
     most: int = 0  # ... up to this many tokens in all (the engine sets it each round; 0 = n, never past it)
+    ends: frozenset[int] = frozenset()  # the target's end-of-sequence ids: a draft proposes nothing after one
 
     @property
     def greedy(self) -> bool:
@@ -52,13 +53,22 @@ class SamplingPolicy:
         """Whether a greedy model draft ends its proposal after a token it gave probability `prob`."""
         return self.greedy and prob < self.stop_below
 
-    def goes_on(self, drafted: int, n: int, prob: float) -> bool:
-        """Whether a model draft asked for n tokens drafts another after `drafted`, the last given probability
-        `prob`: up to n unless it `stops_after` that token; past n (greedy) only while each is surer than
+    def goes_on(self, tokens: list[int], n: int, prob: float) -> bool:
+        """Whether a model draft asked for n tokens drafts another after `tokens`, the last given probability
+        `prob`: never after an end of sequence (the output ends there if it passes, so no later token is ever
+        emitted); up to n unless it `stops_after` that token; past n (greedy) only while each is surer than
         go_on_above, up to `most`."""
+        drafted = len(tokens)
+        if tokens[-1] in self.ends:
+            return False
         if drafted < n:
             return not self.stops_after(prob)
         return self.greedy and drafted < self.most and prob > self.go_on_above
+
+    def up_to_end(self, tokens: list[int]) -> list[int]:
+        """`tokens` up to and including the first end of sequence: the part of a copy that could be emitted."""
+        end = next((i + 1 for i, t in enumerate(tokens) if t in self.ends), len(tokens))
+        return tokens[:end]
 
     def capped(self, most: int) -> "SamplingPolicy":
         """This policy for a round whose draft may go on (when sure) up to `most` tokens."""
@@ -173,8 +183,8 @@ class ModelDrafter:
             tokens.append(index if ids is None else int(ids[index]))
             rows.append(probs)
             feed = tokens[-1:]
-            if not policy.goes_on(len(tokens), n, float(probs[index])):
-                break  # n drafted, or an unsure token (the ones after it would rarely pass)
+            if not policy.goes_on(tokens, n, float(probs[index])):
+                break  # n drafted, an end of sequence, or an unsure token (the ones after it would rarely pass)
         p_draft = over_target_vocab(torch.stack(rows), ids, policy.vocab_size) if rows else None  # [len, V_target]
         return Proposal(tokens, p_draft, elapsed, len(tokens))
 

@@ -135,8 +135,8 @@ def _generate(target_model, drafter, input_ids, schedule, max_new_tokens, temper
               eos_token_id, tokenizer, costs, budget) -> Rounds:
     prompt = prepare_prompt(input_ids, target_model, tokenizer, max_new_tokens, schedule.k_max)
     budget.check_prompt(len(prompt))
-    policy = _policy(target_model, temperature, top_p, seed, schedule.stop_below, schedule.go_on_above)
     eos = resolve_eos(target_model, eos_token_id)
+    policy = _policy(target_model, temperature, top_p, seed, schedule.stop_below, schedule.go_on_above, eos)
     verifier = CachedLM(target_model)
     drafter.reset()  # a drafter reused from an earlier request starts empty, as the verifier does
     start = clock(verifier.device)
@@ -150,7 +150,7 @@ def _generate(target_model, drafter, input_ids, schedule, max_new_tokens, temper
         room = max_new_tokens - len(emitted) - 1  # leave room for the target's token
         n, most = min(schedule.next_k(), room), min(schedule.k_max, room)  # asked, and the most a sure draft goes on to
         copied = _copy(drafter, schedule, prompt + emitted, most, policy, n) if n <= 1 else None
-        round_ = _round(verifier, drafter, prompt + emitted, n, policy.capped(most), eos, copied)
+        round_ = _round(verifier, drafter, prompt + emitted, n, policy.capped(most), copied)
         schedule.observe(round_)
         rounds.append(round_)
         emitted.extend(round_.emitted_token_ids)
@@ -192,7 +192,7 @@ def _copy(drafter: Drafter, schedule, context: list[int], most: int, policy: Sam
 
 
 def _round(verifier: CachedLM, drafter: Drafter, context: list[int], n: int,
-           policy: SamplingPolicy, eos: set[int], copied: Proposal | None = None) -> Round:
+           policy: SamplingPolicy, copied: Proposal | None = None) -> Round:
     start = clock(verifier.device)
     if copied is not None:
         proposal, n = copied, len(copied.token_ids)
@@ -216,7 +216,7 @@ def _round(verifier: CachedLM, drafter: Drafter, context: list[int], n: int,
         matches=verdict.matches,
         num_accepted=verdict.num_accepted,
         target_token_id=verdict.target_token_id,
-        emitted_token_ids=_cut_at_eos(drafts[:verdict.num_accepted] + [verdict.target_token_id], eos),
+        emitted_token_ids=policy.up_to_end(drafts[:verdict.num_accepted] + [verdict.target_token_id]),  # as `generate`
         draft_time_s=proposal.time_s,
         target_time_s=target_time,
         draft_forwards=proposal.forwards,
@@ -250,14 +250,8 @@ def _verify(drafts, target_logits, p_draft, p_target, policy: SamplingPolicy) ->
     return verify_sampling(drafts, p_draft, p_target, policy.generator)
 
 
-def _cut_at_eos(tokens: list[int], eos: set[int]) -> list[int]:
-    """Keep tokens up to and including the first EOS (like `generate`)."""
-    end = next((i + 1 for i, t in enumerate(tokens) if t in eos), len(tokens))
-    return tokens[:end]
-
-
 def _policy(target_model, temperature: float, top_p: float, seed: int | None, stop_below: float,
-            go_on_above: float) -> SamplingPolicy:
+            go_on_above: float, eos: set[int]) -> SamplingPolicy:
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
     if not 0 < top_p <= 1:
@@ -265,4 +259,4 @@ def _policy(target_model, temperature: float, top_p: float, seed: int | None, st
     generator = torch.Generator()
     generator.manual_seed(seed if seed is not None else int(torch.randint(2**62, (1,))))
     vocab_size = target_model.get_output_embeddings().weight.shape[0]
-    return SamplingPolicy(temperature, top_p, generator, vocab_size, stop_below, go_on_above)
+    return SamplingPolicy(temperature, top_p, generator, vocab_size, stop_below, go_on_above, ends=frozenset(eos))

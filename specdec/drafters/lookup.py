@@ -61,5 +61,5 @@ class PromptLookupDraft:
 
     def propose(self, context_ids: list[int], n: int, policy: SamplingPolicy) -> Proposal:
         with Timer() as timer:  # on the CPU: no device work to wait for
-            tokens = find_continuation(context_ids, n, self.max_ngram, self.min_ngram)
+            tokens = policy.up_to_end(find_continuation(context_ids, n, self.max_ngram, self.min_ngram))
         return Proposal(tokens, None, timer.seconds, 0, source="lookup")
