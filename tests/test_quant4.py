@@ -184,6 +184,15 @@ def test_a_4_bit_layer_unpacks_to_its_groups_and_keeps_rows_bit_for_bit():
     assert torch.equal(layer.kept_rows(rows)(x), layer(x)[:, rows])
 
 
+@pytest.mark.parametrize("rows", [16, 64, 80, 192])
+def test_torch_int4_layers_unpack_to_their_own_codes(rows):
+    """The packed layout's order, repeated block by block where the weight is whole blocks, gives back every code."""
+    groups = quant4.groups_from_float(torch.randn(rows, 96))
+    layer = quant4.Int4Linear(groups)
+    assert torch.equal(quant4._groups_of(layer).codes, groups.codes)
+    assert torch.equal(quant4._packed_order(rows, 96), quant4._found_order(rows, 96))
+
+
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_int4_forward_of_n_tokens_equals_n_one_token_steps(arch, form):

@@ -58,6 +58,7 @@ CHUNK_ROWS = 4096  # rows a conversion to groups handles at once (its temporarie
 CODE_OFFSET = 8
 OUT_MULTIPLE = 16  # the kernel packs outputs in blocks of 16 (other layers stay int8)
 INNER_K_TILES = 1  # argument of the packing op; the CPU layout does not depend on it
+ORDER_BLOCK = 64  # rows the packed layout's order is found for, then repeated (`_packed_order`)
 INT4_BELOW_BITS = 6  # GGUF types of fewer bits per weight become 4-bit; q6_K (6.6), q8_0 (8.5), floats int8
 FORMAT = 2  # layout of an int4 store (specdec.models.quant_store); bump on any change
 
@@ -259,7 +260,21 @@ def _groups_of(layer: torch.nn.Module) -> Int4Groups:
 @functools.cache
 def _packed_order(rows: int, cols: int) -> torch.Tensor:
     """For codes [rows, cols] packed by torch's int4 CPU layout: index [rows * cols] into the packed bytes' nibbles
-    (byte * 2 + high) of each code, found by packing codes that spell out their own position, 4 bits at a time."""
+    (byte * 2 + high) of each code. The layout packs blocks of rows alone (of 32 or 64, by the CPU's vector width), so
+    a weight of whole ORDER_BLOCK blocks repeats one block's order, shifted, where two blocks' found order does;
+    anything else is found whole (`_found_order`)."""
+    block = ORDER_BLOCK
+    if rows % block or rows == block:
+        return _found_order(rows, cols)
+    one, two = _found_order(block, cols), _found_order(2 * block, cols)
+    if not torch.equal(two, torch.cat([one, one + block * cols])):
+        return _found_order(rows, cols)
+    shift = torch.arange(0, rows * cols, block * cols).repeat_interleave(block * cols)  # [rows * cols]
+    return one.repeat(rows // block) + shift
+
+
+def _found_order(rows: int, cols: int) -> torch.Tensor:
+    """`_packed_order` found by packing codes that spell out their own position, 4 bits at a time."""
     position = torch.arange(rows * cols, dtype=torch.int64)
     source = torch.zeros(rows * cols, dtype=torch.int64)  # the position whose code each nibble holds
     for shift in range(0, max(position[-1].item(), 1).bit_length(), 4):
