@@ -841,7 +841,9 @@ def _int8_layers(model: torch.nn.Module, layer, share_inputs: bool = True) -> to
             parent_name, _, child = name.rpartition(".")
             parent = model.get_submodule(parent_name)
             setattr(parent, child, layer(name, [getattr(parent, child)]))
-    model.get_output_embeddings().keep_weight()
+    head = model.get_output_embeddings()
+    if isinstance(head, Int8Linear):  # (a stored 4-bit head has no int8 rows)
+        head.keep_weight()
     model.config.tie_word_embeddings = False  # the head is its own (int8) copy now
     return _attending(model, ROWWISE_ATTENTION, rowwise_attention)
 
@@ -859,13 +861,30 @@ def _share_inputs(model: torch.nn.Module, layer, takes=lambda m: isinstance(m, t
             if not all(takes(m) for m in modules) \
                     or len({m.in_features for m in modules}) > 1 or len({m.bias is None for m in modules}) > 1:
                 continue
-            child = "_".join(names) + suffix
+            child = _shared_child(names, suffix)
             shared = layer(f"{parent_name}.{child}" if parent_name else child, modules)
             parent.add_module(child, shared)
             start = 0
             for name, module in zip(names, modules):
                 setattr(parent, name, Int8Slice(shared, start, start + module.out_features))
                 start += module.out_features
+
+
+def _shared_child(names: tuple[str, ...], suffix: str) -> str:
+    """The name the one layer of sibling Linears `names` is registered under on their parent."""
+    return "_".join(names) + suffix
+
+
+def stored_shares(model: torch.nn.Module, state: dict[str, torch.Tensor], suffix: str) -> set[int]:
+    """ids of `model`'s sibling Linears (SHARED_INPUTS) that `state` holds as one layer (`_share_inputs` with
+    `suffix`): the ones to share again before it is loaded."""
+    found = set()
+    for parent_name, parent in model.named_modules():
+        for names in SHARED_INPUTS:
+            child = _shared_child(names, suffix)
+            if any(key.startswith(f"{parent_name}.{child}." if parent_name else f"{child}.") for key in state):
+                found |= {id(getattr(parent, name)) for name in names}
+    return found
 
 
 def couple_rows(model: torch.nn.Module) -> torch.nn.Module:

@@ -34,8 +34,8 @@ Two ways in: `quantize_int4(model)` quantizes a float32 model (min/max per group
 builds the model from a GGUF one tensor at a time without a float32 copy: a q4_K tensor's codes are taken as
 they are (its sub-blocks of 32 are the groups; only scale and zero are rounded to bf16), other types of
 fewer than INT4_BELOW_BITS bits per weight (q5_0, q4_0, ...) are dequantized and requantized to 4 bits, and
-q6_K, q8_0 and float tensors become Int8Linear. `int4_from_state` rebuilds a stored model
-(`specdec.models.quant_store`) bit for bit.
+q6_K, q8_0 and float tensors become Int8Linear. A store (`specdec.models.quant_store`) holds the model in
+`stored_form` (on the product where it builds) and `int4_from_state` rebuilds it bit for bit.
 """
 from __future__ import annotations
 
@@ -60,7 +60,8 @@ OUT_MULTIPLE = 16  # the kernel packs outputs in blocks of 16 (other layers stay
 INNER_K_TILES = 1  # argument of the packing op; the CPU layout does not depend on it
 ORDER_BLOCK = 64  # rows the packed layout's order is found for, then repeated (`_packed_order`)
 INT4_BELOW_BITS = 6  # GGUF types of fewer bits per weight become 4-bit; q6_K (6.6), q8_0 (8.5), floats int8
-FORMAT = 2  # layout of an int4 store (specdec.models.quant_store); bump on any change
+FORMAT = 3  # layout of an int4 store (specdec.models.quant_store); bump on any change
+SHARED_SUFFIX = "_int4"  # of the one layer siblings of one input become on the product (q_proj_k_proj_v_proj_int4)
 
 
 class Int4Groups(NamedTuple):
@@ -113,7 +114,10 @@ def fits_int4(out_features: int, in_features: int) -> bool:
 
 
 def packed_layout() -> str:
-    """What the packed bits depend on besides the weight: the kernel's CPU capability and torch's version."""
+    """What a store's packed bits depend on besides the weight (`stored_form`): the compiled product's layout where
+    it builds here, else torch's kernel's (its CPU capability and torch's version)."""
+    if native.library() is not None:
+        return "specdec product"
     return f"torch {torch.__version__} {torch.backends.cpu.get_cpu_capability()}"
 
 
@@ -172,11 +176,32 @@ class Int4DynamicLinear(SharedInput, torch.nn.Module):
 
     def __init__(self, groups: Int4Groups, bias: torch.Tensor | None = None):
         super().__init__()
-        self.packed = native.pack4(*groups)
-        self.out_features, self.in_features = groups.codes.shape
+        self._hold(native.pack4(*groups), None if bias is None else bias.detach().float().clone())
+
+    @classmethod
+    def from_packed(cls, blocks: torch.Tensor, scales: torch.Tensor, out_features: int,
+                    bias: torch.Tensor | None = None) -> "Int4DynamicLinear":
+        """The layer whose `state_dict` holds these (a store's, `stored_form`), without packing again."""
+        layer = cls.__new__(cls)
+        torch.nn.Module.__init__(layer)
+        layer._hold(native.Packed4(blocks, scales, out_features, blocks.shape[1] * 8), bias)
+        return layer
+
+    def _hold(self, packed: native.Packed4, bias: torch.Tensor | None) -> None:
+        self.packed = packed  # what each call passes the kernel; its tensors are the buffers below (the state_dict's)
+        self.out_features, self.in_features = packed.out_features, packed.in_features
         self.weight = torch.empty(self.out_features, self.in_features, dtype=torch.uint8, device="meta")  # a shape
-        self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
+        self.register_buffer("blocks", packed.blocks)
+        self.register_buffer("scales", packed.scales)
+        self.register_buffer("bias", bias)
         self.share()
+
+    def own_memory(self) -> None:
+        """Its buffers copied into memory of its own (out of a store file's mapping), its kernel's arguments with
+        them (`specdec.models.quant_store`)."""
+        self.blocks, self.scales = self.blocks.clone(), self.scales.clone()
+        self.bias = None if self.bias is None else self.bias.clone()
+        self.packed = self.packed._replace(blocks=self.blocks, scales=self.scales)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 2 and x.dtype == torch.float32:  # rows [M, in], as the model's own forward calls it: no reshape
@@ -208,6 +233,13 @@ def rows_on_product(model: torch.nn.Module) -> torch.nn.Module:
     return quant._attending(_on_product(model), quant.ROWWISE_ATTENTION, quant.rowwise_attention)
 
 
+def stored_form(model: torch.nn.Module) -> torch.nn.Module:
+    """The form an int4 store holds (`specdec.models.quant_store`), in place: where the compiled product builds, its
+    layers as `_on_product` makes them (what `rows_on_product` and `dynamic_rows` run, so a load repacks nothing),
+    else torch's kernel's. `packed_layout` names which."""
+    return model if native.library() is None else _on_product(model)
+
+
 def dynamic_rows(model: torch.nn.Module) -> torch.nn.Module:
     """Turn an int4 model (`quantize_int4`, `int4_from_gguf`, `int4_from_state`, `rows_on_product`) into the
     int4-dynamic draft, in place: the same layers as `rows_on_product` makes, with SDPA attention (a one-token step
@@ -231,7 +263,7 @@ def _on_product(model: torch.nn.Module) -> torch.nn.Module:
         bias = None if modules[0].bias is None else torch.cat([m.bias for m in modules])
         return Int4DynamicLinear(_joined(parts), bias)
 
-    quant._share_inputs(model, shared, takes=_fits_dynamic, suffix="_int4")
+    quant._share_inputs(model, shared, takes=_fits_dynamic, suffix=SHARED_SUFFIX)
     for parent in list(model.modules()):
         for name, module in list(parent.named_children()):
             if _fits_dynamic(module):
@@ -359,11 +391,16 @@ def int4_from_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> t
     raises."""
     def stored_layer(name: str, modules: list[torch.nn.Module]) -> torch.nn.Module:
         bias = None if modules[0].bias is None else state[f"{name}.bias"]
+        if f"{name}.blocks" in state:
+            return Int4DynamicLinear.from_packed(state[f"{name}.blocks"], state[f"{name}.scales"],
+                                                 sum(m.out_features for m in modules), bias)
         if f"{name}.packed" in state:
             return Int4Linear.from_quantized(state[f"{name}.packed"], state[f"{name}.scales_and_zeros"], bias)
         return Int8Linear.from_quantized(*quant.on_meta(state[f"{name}.weight"], state[f"{name}.weight_scale"], bias))
 
     embedding = module_name(model, model.get_input_embeddings())
+    shared = quant.stored_shares(model, state, SHARED_SUFFIX)  # the product's form: siblings of one input as one
+    quant._share_inputs(model, stored_layer, takes=lambda module: id(module) in shared, suffix=SHARED_SUFFIX)
     quant._int8_layers(model, stored_layer, share_inputs=False)
     own = quant.stored_embedding(state, embedding)
     if f"{embedding}.codes" in state:
