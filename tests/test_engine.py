@@ -368,6 +368,24 @@ def test_k_auto_counts_the_overhead_of_rounds_and_keeps_a_margin():
     assert cheap.next_k() > 0 and max(speeds) >= speeds[0] * (1 + MARGIN)
 
 
+def test_k_auto_splits_drafting_rounds_overhead_into_per_round_and_per_token_before_a_plain_step():
+    """Before any plain step, drafting rounds of 1, 2 and 4 tokens paying 0.01 s a round and 0.02 s a drafted token
+    besides their forwards: a plain step is priced with its 0.01 s (not 0), a round of k drafts at 0.01 + 0.02·k; with
+    one draft length only, nothing tells the two apart and the per-token price takes it all, as before."""
+    from specdec.core.schedule import AdaptiveK
+    controller, single = AdaptiveK(), AdaptiveK()
+    for drafted in [1, 2, 4] * 4:
+        round_ = synthetic_round(drafted, 0, draft_time=drafted * 0.01, target_time=0.1)
+        round_.wall_time_s = 0.1 + drafted * 0.01 + 0.01 + 0.02 * drafted
+        controller.observe(round_)
+        one = synthetic_round(2, 0, draft_time=0.02, target_time=0.1)
+        one.wall_time_s = 0.1 + 0.02 + 0.01 + 0.04
+        single.observe(one)
+    assert controller.round_time(0) == pytest.approx(0.1 + 0.01)
+    assert controller.round_time(3) - controller.round_time(0) == pytest.approx(3 * (0.01 + 0.02), rel=1e-6)
+    assert single.round_time(0) == pytest.approx(0.1) and single.round_time(2) == pytest.approx(0.1 + 0.02 + 0.05)
+
+
 def test_k_auto_probes_cost_at_most_their_share_of_the_plain_steps():
     """Probes at k = 0 are paid from EXPLORE of the time spent in plain steps, and a probe's catch-up grows with the
     tokens the draft missed: with a steep catch-up the draft is looked at less often than with a flat one, yet

@@ -13,8 +13,8 @@ one before it. Every price is what this run paid, decayed like the counts: step 
 one token at the run's context (verification time / v(n)), draft = one draft forward over one token (a probe's
 first forward, which also caught the draft up on the m tokens it missed, counts as v(m + 1) of them), extra = what
 a drafted token costs besides its forward (choosing it, its distribution), base = what a round costs besides its
-forwards
-(verification rule, logits); v(n) is the calibrated curve's shape (`specdec.costs.calibration`; v = 1 without
+forwards (verification rule, logits; until a plain step has priced it alone, the two are split by a least-squares line
+through the drafting rounds' overheads against their drafted tokens, `OverheadFit`, once those vary); v(n) is the calibrated curve's shape (`specdec.costs.calibration`; v = 1 without
 one). Before a price is measured the calibration's is used (step_s, c·step_s), else Leviathan's (v = 1, c = 0).
 k = 0 (a plain target step: step + base for one token, the target alone's price) is chosen unless some k is
 predicted to beat it by MARGIN. At k = 0 the controller drafts one token to look again (a probe) once the plain
@@ -61,6 +61,7 @@ LOOK_AFTER_MAX = 128  # ... yet at most this many plain steps pass between two l
 EVIDENCE = 3.0  # rounds that judged the first draft position (decayed) before a verdict against drafting
 OPTIMISM = 0.5  # standard deviations above a_1's estimate at which a caught-up draft stays in play (k = 1)
 MARGIN = 0.05  # drafting must be predicted this much faster than a plain step to be chosen (noise, misprediction)
+SPREAD_MIN = 0.05  # variance of the drafted tokens per round below which the overheads are not split by a line
 STOP_BELOW = 0.4  # greedy, k="auto": a round's drafting ends after a token the draft gives less probability
 GO_ON_ABOVE = 0.9  # greedy, k="auto": past the k chosen, drafting goes on (to K_AUTO_MAX) while tokens get more
 
@@ -107,6 +108,29 @@ class RoundPrices:
         self.weights[name] = weight + 1.0
 
 
+@dataclass
+class OverheadFit:
+    """A drafting round's overhead o against its drafted tokens d, o = base + extra·d, by least squares over the
+    rounds (decayed as the prices are): what a round pays besides its forwards, split into its part per round and its
+    part per drafted token before a plain step has priced the first alone (a drafting round alone cannot tell them
+    apart, and pricing plain steps without theirs favours them by about a step's 5 %)."""
+
+    sums: list[float] = field(default_factory=lambda: [0.0] * 5)  # decayed sums of 1, d, d², o, d·o
+
+    def add(self, drafted: int, overhead: float) -> None:
+        terms = (1.0, drafted, drafted * drafted, overhead, drafted * overhead)
+        self.sums = [total * DECAY + term for total, term in zip(self.sums, terms)]
+
+    def fitted(self) -> tuple[float, float] | None:
+        """(base, extra) in seconds, each at least 0; None while d has varied less than SPREAD_MIN."""
+        weight, d, dd, o, do = self.sums
+        spread = dd * weight - d * d  # weight² · the variance of d
+        if weight <= 0 or spread <= SPREAD_MIN * weight * weight:
+            return None
+        extra = max((do * weight - d * o) / spread, 0.0)
+        return max((o - extra * d) / weight, 0.0), extra
+
+
 class AdaptiveK:
     """k="auto": the k (0 allowed) with the most predicted tokens per second, from acceptance and costs so far."""
 
@@ -122,6 +146,7 @@ class AdaptiveK:
         self.plain_s = 0.0  # seconds of plain steps (k = 0) since the draft last drafted
         self.missed = 0  # tokens emitted since the draft last drafted: its catch-up at the next probe
         self.prices = RoundPrices()
+        self.overheads = OverheadFit()  # base and extra until a plain step has measured base
         self.observed = 0
 
     def next_k(self) -> int:
@@ -223,6 +248,7 @@ class AdaptiveK:
             self.prices.add("base", rest)
         else:
             self.prices.add("extra", max(rest - (self.prices.base or 0.0), 0.0) / drafted)
+            self.overheads.add(drafted, rest)
 
     def round_time(self, k: int) -> float:
         """Predicted seconds of a round with k drafts: step·v(k+1) + k·(draft + extra) + base."""
@@ -230,6 +256,8 @@ class AdaptiveK:
         return step * self._v(k + 1) + k * (self._price("draft") + self._price("extra")) + self._price("base")
 
     def _price(self, name: str) -> float:
+        if name in ("base", "extra") and self.prices.base is None and (fit := self.overheads.fitted()) is not None:
+            return fit[name == "extra"]  # no plain step yet: the drafting rounds' split
         measured = getattr(self.prices, name)
         if measured is not None:
             return measured
