@@ -13,9 +13,10 @@ one before it. Every price is what this run paid, decayed like the counts: step 
 one token at the run's context (verification time / v(n)), draft = one draft forward over one token (a probe's
 first forward, which also caught the draft up on the m tokens it missed, counts as v(m + 1) of them), extra = what
 a drafted token costs besides its forward (choosing it, its distribution), base = what a round costs besides its
-forwards (verification rule, logits; until a plain step has priced it alone, the two are split by a least-squares line
-through the drafting rounds' overheads against their drafted tokens, `OverheadFit`, once those vary); v(n) is the calibrated curve's shape (`specdec.costs.calibration`; v = 1 without
-one). Before a price is measured the calibration's is used (step_s, c·step_s), else Leviathan's (v = 1, c = 0).
+forwards (verification rule, logits; until a plain step has priced it alone, the two are split by a least-squares
+line through the drafting rounds' overheads against their drafted tokens, `OverheadFit`, once those vary); v(n) is
+the calibrated curve's shape (`specdec.costs.calibration`; v = 1 without one). Before a price is measured the
+calibration's is used (step_s, c·step_s), else Leviathan's (v = 1, c = 0).
 k = 0 (a plain target step: step + base for one token, the target alone's price) is chosen unless some k is
 predicted to beat it by MARGIN. At k = 0 the controller drafts one token to look again (a probe) once the plain
 steps since it last drafted have cost 1/EXPLORE times the probe's predicted price: the draft's catch-up over every
