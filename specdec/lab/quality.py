@@ -37,6 +37,7 @@ import torch
 
 from specdec.core import files, hardware
 from specdec.core.inputs import unwrap
+from specdec.core.kv import CachedLM
 from specdec.core.suites import Prompt, encode, load_suite
 from specdec.models import cache, formats
 from specdec.models.loading import QUANTS, LoadedModel
@@ -129,14 +130,12 @@ def reference_continuations(reference, prompts_ids: list[list[int]], max_new_tok
 
 def continuation_logits(model, example: Example) -> torch.Tensor:
     """Logits [n, V] (float32) predicting each of the n continuation tokens, from one forward over
-    prompt + continuation[:-1] (teacher forcing: row i has read the continuation's first i tokens)."""
+    prompt + continuation[:-1] (teacher forcing: row i has read the continuation's first i tokens), by the forward
+    the model decodes with (`CachedLM`: a quantized target's own, whose rows are its one-token steps)."""
     model, _ = unwrap(model, None)
     n = len(example.completion_ids)
-    ids = example.prompt_ids + example.completion_ids[:-1]
-    device = next(model.parameters()).device
-    with torch.inference_mode():
-        logits = model(input_ids=torch.tensor([ids], device=device), logits_to_keep=n, use_cache=False).logits
-    return logits[0, -n:].float().cpu()  # [n, V]
+    logits, _ = CachedLM(model).forward(example.prompt_ids + example.completion_ids[:-1], logits_to_keep=n)
+    return logits  # [n, V]
 
 
 def agreed_positions(reference_logits: torch.Tensor, candidate_logits: torch.Tensor) -> int:
