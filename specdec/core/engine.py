@@ -135,8 +135,8 @@ def _generate(target_model, drafter, input_ids, schedule, max_new_tokens, temper
               eos_token_id, tokenizer, costs, budget) -> Rounds:
     prompt = prepare_prompt(input_ids, target_model, tokenizer, max_new_tokens, schedule.k_max)
     budget.check_prompt(len(prompt))
-    eos = resolve_eos(target_model, eos_token_id)
-    policy = _policy(target_model, temperature, top_p, seed, schedule.stop_below, schedule.go_on_above, eos)
+    policy = _policy(target_model, temperature, top_p, seed, schedule.stop_below, schedule.go_on_above,
+                     resolve_eos(target_model, eos_token_id))
     verifier = CachedLM(target_model)
     drafter.reset()  # a drafter reused from an earlier request starts empty, as the verifier does
     start = clock(verifier.device)
@@ -146,7 +146,7 @@ def _generate(target_model, drafter, input_ids, schedule, max_new_tokens, temper
     rounds: list[Round] = []
     stopped_early = False
     callback_s = 0.0  # time the consumer held a round (on_round, page rendering): never part of the measurement
-    while len(emitted) < max_new_tokens and not (emitted and emitted[-1] in eos):
+    while len(emitted) < max_new_tokens and not (emitted and emitted[-1] in policy.ends):
         room = max_new_tokens - len(emitted) - 1  # leave room for the target's token
         n, most = min(schedule.next_k(), room), min(schedule.k_max, room)  # asked, and the most a sure draft goes on to
         copied = _copy(drafter, schedule, prompt + emitted, most, policy, n) if n <= 1 else None
