@@ -878,11 +878,12 @@ def _shared_child(names: tuple[str, ...], suffix: str) -> str:
 def stored_shares(model: torch.nn.Module, state: dict[str, torch.Tensor], suffix: str) -> set[int]:
     """ids of `model`'s sibling Linears (SHARED_INPUTS) that `state` holds as one layer (`_share_inputs` with
     `suffix`): the ones to share again before it is loaded."""
+    held = {key.rpartition(".")[0] for key in state}  # the modules `state` holds tensors of
     found = set()
     for parent_name, parent in model.named_modules():
         for names in SHARED_INPUTS:
             child = _shared_child(names, suffix)
-            if any(key.startswith(f"{parent_name}.{child}." if parent_name else f"{child}.") for key in state):
+            if (f"{parent_name}.{child}" if parent_name else child) in held:
                 found |= {id(getattr(parent, name)) for name in names}
     return found
 
