@@ -258,7 +258,8 @@ class AdaptiveK:
 
     def _price(self, name: str) -> float:
         if name in ("base", "extra") and self.prices.base is None and (fit := self.overheads.fitted()) is not None:
-            return fit[name == "extra"]  # no plain step yet: the drafting rounds' split
+            base, extra = fit  # no plain step yet: the drafting rounds' split
+            return extra if name == "extra" else base
         measured = getattr(self.prices, name)
         if measured is not None:
             return measured
