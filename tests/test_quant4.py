@@ -152,8 +152,9 @@ def test_linears_become_int4_the_head_int8_and_the_embedding_4_bit_or_the_tied_h
 @pytest.mark.skipif(native.library() is None, reason="the compiled product is not built here")
 @pytest.mark.parametrize("tied", [False, True])
 def test_the_int4_dynamic_draft_reads_its_head_in_4_bits_and_a_tied_embedding_keeps_the_int8_rows(tied):
-    """The head is a draft step's largest weight: it becomes 4-bit groups like every other Linear, its logits within
-    4-bit rounding of the int8 head's; a tied embedding keeps the int8 head's rows (bit for bit) as its own."""
+    """The head is a draft step's largest weight: it becomes 4-bit groups like every other Linear, its logits the
+    4-bit product's as they are (a draft rescores nothing), within 4-bit rounding of the int8 head's; a tied
+    embedding reads the int8 head's rows (bit for bit), which the head keeps."""
     from specdec.testing import tiny_config
 
     config = tiny_config("qwen2")
@@ -165,10 +166,48 @@ def test_the_int4_dynamic_draft_reads_its_head_in_4_bits_and_a_tied_embedding_ke
     int8_logits = int8_head(hidden)
     quant4.dynamic_rows(model)
     head = model.get_output_embeddings()
-    assert isinstance(head, quant4.Int4DynamicLinear)
+    assert isinstance(head, quant4.RescoredHead) and head.rescored == 0
+    assert torch.equal(head(hidden), head.coarse(hidden))
     assert float((head(hidden) - int8_logits).norm() / int8_logits.norm()) < 0.1
     assert torch.equal(model.get_input_embeddings()(ids), rows)
-    assert not getattr(model.get_input_embeddings(), "tied", False)  # the int8 head itself is gone
+    assert getattr(model.get_input_embeddings(), "tied", False) == tied  # the head's own rows, not a second copy
+
+
+@pytest.mark.skipif(native.library() is None, reason="the compiled product is not built here")
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_int4_targets_head_takes_its_largest_logits_from_the_int8_rows_bit_for_bit(tied):
+    """Each row's RESCORED largest 4-bit logits become the int8 head's own logits (the same exact sums, bit for bit),
+    the others stay the 4-bit product's; a row is the same alone as among 1..9 rows."""
+    from specdec.testing import tiny_config
+
+    config = tiny_config("qwen2")
+    config.tie_word_embeddings = tied
+    model = quantize_int4(AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval())
+    hidden = torch.randn(9, config.hidden_size) * 4
+    int8_logits = model.get_output_embeddings()(hidden)
+    quant4.rows_on_product(model)
+    head = model.get_output_embeddings()
+    assert isinstance(head, quant4.RescoredHead) and head.rescored == quant4.RESCORED
+    logits, coarse = head(hidden), head.coarse(hidden)
+    top = coarse.topk(quant4.RESCORED, dim=-1).indices
+    assert torch.equal(logits.gather(-1, top), int8_logits.gather(-1, top))
+    others = torch.ones_like(logits, dtype=torch.bool).scatter_(-1, top, False)
+    assert torch.equal(logits[others], coarse[others])
+    for rows in range(1, 10):
+        assert torch.equal(head(hidden[:rows]), logits[:rows])
+    assert torch.equal(head(hidden[4:5]), logits[4:5])
+
+
+def test_a_rows_largest_logits_are_found_through_the_largest_blocks():
+    logits = torch.randn(3, 1000)
+    logits[1, 998] = 50.0  # in the last, partial block
+    logits[2, :] = 1.0
+    logits[2, 77] = 2.0
+    for k in (1, 4, 9):
+        found = quant4._largest(logits, k)
+        assert found.shape == (3, k)
+        assert torch.equal(logits.gather(-1, found).sort(-1).values, logits.topk(k, dim=-1).values.sort(-1).values)
+    assert int(quant4._largest(logits, 1)[1, 0]) == 998 and int(quant4._largest(logits, 1)[2, 0]) == 77
 
 
 @pytest.mark.skipif(native.library() is None, reason="the compiled product is not built here")

@@ -60,7 +60,9 @@ OUT_MULTIPLE = 16  # the kernel packs outputs in blocks of 16 (other layers stay
 INNER_K_TILES = 1  # argument of the packing op; the CPU layout does not depend on it
 ORDER_BLOCK = 64  # rows the packed layout's order is found for, then repeated (`_packed_order`)
 INT4_BELOW_BITS = 6  # GGUF types of fewer bits per weight become 4-bit; q6_K (6.6), q8_0 (8.5), floats int8
-FORMAT = 3  # layout of an int4 store (specdec.models.quant_store); bump on any change
+RESCORED = 4  # a target's largest 4-bit logits per row recomputed from the head's int8 rows (`RescoredHead`)
+SCAN_BLOCK = 128  # logits per block whose maximum is taken first when finding a row's largest (`_largest`)
+FORMAT = 4  # layout of an int4 store (specdec.models.quant_store); bump on any change
 SHARED_SUFFIX = "_int4"  # of the one layer siblings of one input become on the product (q_proj_k_proj_v_proj_int4)
 
 
@@ -220,6 +222,58 @@ class Int4DynamicLinear(SharedInput, torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+class RescoredHead(torch.nn.Module):
+    """An LM head on the 4-bit product whose largest logits are recomputed from the int8 rows it was made from.
+
+    The head is a step's largest weight and its 4-bit groups (requantized from the GGUF's 6-bit rows) are what most
+    often flips the target's near-ties against its float model (top-1 agreement 96.5 % on the held-out suite, 97.8 %
+    with this; docs/int4.md). Each row's RESCORED largest 4-bit logits are replaced by exact integer sums of the
+    row quantized to int8 with those tokens' int8 rows, so a step still reads the 4-bit head once plus RESCORED int8
+    rows. Row i depends on x[i] only, as every layer of the int4 target: its 4-bit logits, its own largest (a max is
+    exact in any order), its int8 row and integer sums. The int8 rows are `weight` and `weight_scale`, as an
+    Int8Linear head holds them, so a tied embedding reads them in place (`quant.TiedInt8Embedding`). A draft's head
+    (`dynamic_rows`) keeps the 4-bit logits as they are (`rescored` 0): a draft's precision never changes the output.
+    """
+
+    direct = True  # `int8_forward` may call its forward without a module call around it
+    rescored = RESCORED  # logits per row recomputed; 0: the 4-bit product's as they are
+
+    def __init__(self, coarse: Int4DynamicLinear, weight: torch.Tensor, weight_scale: torch.Tensor):
+        super().__init__()
+        self.coarse = coarse  # the 4-bit head
+        self.out_features, self.in_features = coarse.out_features, coarse.in_features
+        self.register_buffer("weight", weight)  # [V, H] int8, the rows the 4-bit groups were made from
+        self.register_buffer("weight_scale", weight_scale)  # [V] float32: row v = weight[v] * weight_scale[v]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).float()  # [M, H]
+        logits = self.coarse(rows)  # [M, V]
+        if self.rescored:
+            top = _largest(logits, self.rescored)  # [M, K]
+            codes, scale = quant._quantize_rows(rows)  # [M, H] integers, [M]
+            sums = (self.weight[top].int() * codes.int()[:, None, :]).sum(-1)  # [M, K] exact
+            exact = sums.float() * self.weight_scale[top] * scale[:, None]
+            if self.coarse.bias is not None:
+                exact = exact + self.coarse.bias[top]
+            logits.scatter_(-1, top, exact)
+        return logits.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+
+    def kept_rows(self, rows: torch.Tensor) -> Int4DynamicLinear:
+        """The 4-bit head of only the output rows `rows` [S]: a pruned draft vocabulary's (a draft rescores nothing)."""
+        return self.coarse.kept_rows(rows)
+
+
+def _largest(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices [M, k] of each row's k largest of `logits` [M, V]: the k blocks of SCAN_BLOCK with the largest maxima
+    hold them, so only those are searched (a third of `topk`'s time over the whole row here)."""
+    rows, width = logits.shape
+    padded = torch.nn.functional.pad(logits, (0, -width % SCAN_BLOCK), value=float("-inf"))  # [M, blocks * B]
+    blocks = padded.view(rows, -1, SCAN_BLOCK).amax(-1).topk(min(k, padded.shape[1] // SCAN_BLOCK), dim=-1).indices
+    index = (blocks[:, :, None] * SCAN_BLOCK + torch.arange(SCAN_BLOCK)).flatten(1)  # [M, k * B]
+    best = padded.gather(-1, index).topk(min(k, width), dim=-1).indices  # [M, k]
+    return index.gather(-1, best)
+
+
 def rows_on_product(model: torch.nn.Module) -> torch.nn.Module:
     """The int4 target on specdec's compiled product where it builds here, in place: every Linear of whole groups, the
     head and the GGUF's 6-bit layers too (their int8 weights requantized to 4-bit groups), becomes an
@@ -244,19 +298,26 @@ def dynamic_rows(model: torch.nn.Module) -> torch.nn.Module:
     """Turn an int4 model (`quantize_int4`, `int4_from_gguf`, `int4_from_state`, `rows_on_product`) into the
     int4-dynamic draft, in place: the same layers as `rows_on_product` makes, with SDPA attention (a one-token step
     one compiled call per layer, `native.draft_layer`). A draft's form, never a target's (SDPA's rows are not
-    one-token steps). RuntimeError where the kernel is not built."""
-    return quant._attending(_on_product(model), "sdpa", int8_forward.sdpa_attention)
+    one-token steps). Its head's logits are the 4-bit product's as they are (`RescoredHead.rescored` 0). RuntimeError
+    where the kernel is not built."""
+    head = _on_product(model).get_output_embeddings()
+    if isinstance(head, RescoredHead):
+        head.rescored = 0
+    return quant._attending(model, "sdpa", int8_forward.sdpa_attention)
 
 
 def _on_product(model: torch.nn.Module) -> torch.nn.Module:
     """Every 4-bit or int8 Linear of whole groups as an Int4DynamicLinear, in place: a 4-bit layer's groups as they
     are, an int8 layer's weight requantized to 4-bit groups; siblings of one input (q/k/v, gate/up) as one, read
     through Int8Slices. The head is a step's largest weight (the 0.5B's: 136 MB of int8 against 0.38 GB in all); in 4
-    bits a step reads 51 MB less (docs/performance.md). A tied embedding, which read the int8 head's rows, keeps them
-    as its own table."""
+    bits a step reads 51 MB less (docs/performance.md), and a RescoredHead keeps its int8 rows for its largest logits
+    (read in place by a tied embedding, as before)."""
     head = model.get_output_embeddings()
-    if getattr(model.get_input_embeddings(), "tied", False) and _fits_dynamic(head):
-        quant.set_embedding(model, quant.Int8Embedding(head.weight, head.weight_scale))
+    if isinstance(head, Int8Linear) and _fits_dynamic(head):
+        model.set_output_embeddings(RescoredHead(Int4DynamicLinear(_groups_of(head), head.bias), head.int8_weight(),
+                                                 head.weight_scale))
+        if getattr(model.get_input_embeddings(), "tied", False):
+            quant.set_embedding(model, None)  # the same rows, now the RescoredHead's
 
     def shared(name: str, modules: list[torch.nn.Module]) -> Int4DynamicLinear:
         parts = [_groups_of(m) for m in modules]
@@ -390,6 +451,9 @@ def int4_from_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> t
     (its Int8Linear layers, shells until loaded, are packed once as they are loaded). A missing or unexpected key
     raises."""
     def stored_layer(name: str, modules: list[torch.nn.Module]) -> torch.nn.Module:
+        if f"{name}.coarse.blocks" in state:
+            return RescoredHead(stored_layer(f"{name}.coarse", modules), state[f"{name}.weight"],
+                                state[f"{name}.weight_scale"])
         bias = None if modules[0].bias is None else state[f"{name}.bias"]
         if f"{name}.blocks" in state:
             return Int4DynamicLinear.from_packed(state[f"{name}.blocks"], state[f"{name}.scales"],

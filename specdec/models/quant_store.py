@@ -299,14 +299,15 @@ def _map_lookup_rows(model: torch.nn.Module, path: Path) -> None:
 
 
 def _holds_lookup_rows(module: torch.nn.Module) -> bool:
-    """Whether `module` holds int8 rows of its own that lookups read: an Int8Embedding's table, or an int8 head
-    kept beside the packed copy that computes its products (a tied embedding's rows)."""
+    """Whether `module` holds int8 rows of its own that lookups read: an Int8Embedding's table, an int8 head kept
+    beside the packed copy that computes its products (a tied embedding's rows), or a RescoredHead's rows (a few
+    read a step, and a tied embedding's)."""
     weight = getattr(module, "_buffers", {}).get("weight")
     if weight is None or weight.is_meta or weight.dtype != torch.int8:
         return False
     if isinstance(module, quant.Int8Linear):
         return module.keeps_weight and (module.packed is not None or module.coupled is not None)
-    return isinstance(module, quant.Int8Embedding)
+    return isinstance(module, (quant.Int8Embedding, quant4.RescoredHead))
 
 
 def _mapped(path: Path) -> tuple[dict, int, mmap.mmap]:
