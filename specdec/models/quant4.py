@@ -22,8 +22,9 @@ Where specdec's compiled product builds (`specdec.models.native`), the model is 
 (`rows_on_product`): every Linear of whole groups, the head and the 6-bit layers too (requantized to 4-bit groups),
 becomes an `Int4DynamicLinear`, each row quantized to int8 alone, exact integer sums per group, float32 sums over
 the groups in one fixed order, no bf16 rounding; attention stays row by row, so a verification row is still bitwise
-a one-token step, and 5 rows cost about one step where torch's kernel takes 2.4 (docs/int4.md). That is the int4
-target "auto" weighs against int8.
+a one-token step, and 5 rows cost about one step where torch's kernel takes 2.4 (docs/int4.md). The head's largest
+logits per row are then recomputed from its int8 rows (`RescoredHead`), which undoes most of what its 4 bits cost
+in agreement with the float model. That is the int4 target "auto" weighs against int8.
 
 A draft may run the same layers faster still where rows need not be bitwise one-token steps (a draft's precision
 never changes the output): `dynamic_rows(model)` makes the int4 model the int4-dynamic draft, the same layers with
@@ -281,7 +282,8 @@ def rows_on_product(model: torch.nn.Module) -> torch.nn.Module:
     row is quantized to int8 alone, its integer sums are exact, and its float sums over the groups run in one fixed
     order whatever the number of rows (compiled without fused multiply-adds): a verification row is still bitwise a
     one-token step, as on torch's int4 kernel, but 5 rows cost about one step where torch's kernel took 2.4
-    (docs/int4.md). Where the product is not built, the model stays on torch's kernel. Returns `model`."""
+    (docs/int4.md); the head is a RescoredHead. Where the product is not built, the model stays on torch's kernel.
+    Returns `model`."""
     if native.library() is None:
         return model
     return quant._attending(_on_product(model), quant.ROWWISE_ATTENTION, quant.rowwise_attention)
