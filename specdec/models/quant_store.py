@@ -272,8 +272,8 @@ def _own_memory(model: torch.nn.Module) -> None:
             continue
         for table in (module._parameters, module._buffers):
             for name, tensor in table.items():
-                if tensor is None or tensor.is_meta:
-                    continue
+                if tensor is None or tensor.is_meta or (name == "weight" and _holds_lookup_rows(module)):
+                    continue  # lookup rows: read through a private mapping next (`_map_lookup_rows`), not copied
                 if id(tensor) not in copies:
                     copies[id(tensor)] = (tensor, _copy(tensor))
                 table[name] = copies[id(tensor)][1]
