@@ -236,6 +236,35 @@ def test_calibration_reports_alpha_c_and_the_bound_per_layer():
     assert Calibration.from_dict(calibration.to_dict()) == calibration  # what bench's calibration.json holds
 
 
+def test_each_draft_is_measured_against_the_target_alone_timed_just_before_it_on_the_same_prompt(monkeypatch):
+    """A machine whose speed drifts over a long measurement must move both sides of each ratio: each prompt's
+    target alone runs right before the draft on it, and the speedup is of those runs, not of one early baseline."""
+    import specdec.lab.measure as measure
+
+    calls, alone, drafted = [], measure.autoregressive_generate, measure.speculative_generate
+
+    def alone_on(model, prompt, **kw):
+        calls.append(("alone", tuple(prompt)))
+        return alone(model, prompt, **kw)
+
+    def drafted_on(model, draft, prompt, **kw):
+        calls.append(("draft", tuple(prompt)))
+        return drafted(model, draft, prompt, **kw)
+
+    monkeypatch.setattr(measure, "autoregressive_generate", alone_on)
+    monkeypatch.setattr(measure, "speculative_generate", drafted_on)
+    model = tiny_model("llama", seed=2, layers=3)
+    prompts = [PROMPT, [9, 3, 4, 11]]
+    trials = measure.DraftTrials(model, prompts, k=3, max_new_tokens=8)
+    calls.clear()
+    trial = trials.run(PromptLookupDraft())
+    assert calls == [("alone", tuple(PROMPT)), ("draft", tuple(PROMPT)), ("alone", (9, 3, 4, 11)),
+                     ("draft", (9, 3, 4, 11))]
+    assert [a.token_ids for a in trial.alone] == [a.token_ids for a in trials.alone]
+    pooled = lambda results: sum(len(r.token_ids) for r in results) / sum(r.stats.wall_time_s for r in results)
+    assert trial.measured_speedup == pytest.approx(pooled(trial.results) / pooled(trial.alone))
+
+
 def test_recommend_fallback_names_the_measured_winner():
     model = tiny_model("qwen2", seed=2, layers=3)
     report = recommend_fallback(model, [PROMPT, [9, 3, 4, 11]], k=3, candidates=[1, 2], max_new_tokens=8)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import statistics
 from dataclasses import asdict, dataclass
-from typing import Callable, Mapping
+from typing import Callable, Mapping, NamedTuple
 
 import torch
 
@@ -22,7 +22,7 @@ from specdec.core.drafter import Drafter
 from specdec.core.engine import autoregressive_generate, speculative_generate
 from specdec.core.inputs import unwrap
 from specdec.core.timing import interleaved, timed, warm_up
-from specdec.core.trace import pooled_stats, ratio
+from specdec.core.trace import measured_speedup, pooled_stats, ratio
 from specdec.drafters.lookup import PromptLookupDraft
 from specdec.drafters.selfspec import SelfSpeculativeDraft, decoder_layers
 
@@ -179,9 +179,23 @@ def _describe(measurement: DraftMeasurement) -> str:
     return f"self-speculation with the first {measurement.draft.split(':')[1]} layers"
 
 
+class Trial(NamedTuple):
+    """One draft on every prompt of a DraftTrials, each prompt's target alone timed just before it."""
+
+    results: list  # the draft's GenerationResult on each prompt
+    alone: list  # the target alone's GenerationResult on each prompt, timed right before the draft's
+
+    @property
+    def measured_speedup(self) -> float:
+        """Pooled tokens/s of the draft's runs over those of the target alone's beside them."""
+        return measured_speedup(pooled_stats(self.results, 0), pooled_stats(self.alone, 0))
+
+
 class DraftTrials:
     """The one harness that measures drafts against the target alone: fixed prompts, greedy, a warm-up, then the
-    target-alone baseline once; each draft runs every prompt (`run`) and is pooled (`measure`, `identical`)."""
+    target-alone baseline once (its outputs, which every draft's must equal); each draft runs every prompt just
+    after the target alone runs it again (`run`: a machine whose speed drifts over a long measurement moves both
+    sides of each ratio, as the bench's cells do), and is pooled (`measure`, `identical`)."""
 
     def __init__(self, target_model, prompts_ids, k: int, max_new_tokens: int):
         if not prompts_ids:
@@ -191,15 +205,22 @@ class DraftTrials:
         self.k, self.max_new_tokens = k, max_new_tokens
         warm_up(lambda: autoregressive_generate(model, self.prompts[0], max_new_tokens=WARMUP_TOKENS,
                                                 tokenizer=tokenizer))
-        self.alone = [autoregressive_generate(model, p, max_new_tokens=max_new_tokens, tokenizer=tokenizer)
-                      for p in self.prompts]  # the target alone on each prompt
+        self.alone = [self._alone(p) for p in self.prompts]  # the target alone on each prompt
         self.baseline = pooled_stats(self.alone, 0)  # pooled over the prompts
-        self.baseline_tokens_per_s = self.baseline.tokens_per_s
 
-    def run(self, draft, costs=None) -> list:
-        """`draft` (a model or Drafter, reused across prompts) on every prompt: one GenerationResult each."""
-        return [speculative_generate(self.model, draft, p, k=self.k, max_new_tokens=self.max_new_tokens,
-                                     tokenizer=self.tokenizer, costs=costs) for p in self.prompts]
+    def _alone(self, prompt_ids: list[int]):
+        return autoregressive_generate(self.model, prompt_ids, max_new_tokens=self.max_new_tokens,
+                                       tokenizer=self.tokenizer)
+
+    def run(self, draft, costs=None) -> Trial:
+        """`draft` (a model or Drafter, reused across prompts) on every prompt, each right after the target alone."""
+        results, alone = [], []
+        for prompt in self.prompts:
+            alone.append(self._alone(prompt))
+            results.append(speculative_generate(self.model, draft, prompt, k=self.k,
+                                                max_new_tokens=self.max_new_tokens, tokenizer=self.tokenizer,
+                                                costs=costs))
+        return Trial(results, alone)
 
     def identical(self, results: list) -> int:
         """How many of `results` equal the target alone's greedy output on the same prompt."""
@@ -207,9 +228,9 @@ class DraftTrials:
 
     def measure(self, name: str, make_drafter: Callable[[], Drafter]) -> DraftMeasurement:
         """Greedy-generate every prompt with a fresh drafter; pool all rounds into one DecodeStats."""
-        results = self.run(make_drafter())
-        stats = pooled_stats(results, self.k)
-        rounds = [r for result in results for r in result.rounds]
+        trial = self.run(make_drafter())
+        stats = pooled_stats(trial.results, self.k)
+        rounds = [r for result in trial.results for r in result.rounds]
         return DraftMeasurement(
             draft=name,
             acceptance_rate=stats.acceptance_rate,
@@ -217,5 +238,5 @@ class DraftTrials:
             leviathan_bound=stats.leviathan_bound,
             mean_accepted_length=stats.mean_accepted_length,
             drafted_rounds=ratio(sum(bool(r.draft_token_ids) for r in rounds), len(rounds)),
-            measured_speedup=ratio(stats.tokens_per_s, self.baseline_tokens_per_s),
+            measured_speedup=trial.measured_speedup,
         )

@@ -26,7 +26,8 @@ again:
 Rows of the table: (a) the target's family, (b) the other draft with its ids fed naively, (c) through the
 text bridge, (d) transplanted, (e) (d) distilled, (f) (e) drafting over the pruned vocabulary. Each row has
 α̂, mean accepted length, c, the predicted speedup (calibrated costs, `DecodeStats.predicted_speedup`) and the
-measured speedup over the target alone (`specdec.core.trace.measured_speedup`), and greedy identity.
+measured speedup over the target alone, timed prompt by prompt just before each draft (`DraftTrials.run`),
+and greedy identity.
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ from specdec.core import files
 from specdec.core.inputs import vocab_size
 from specdec.core.schedule import mean_draft_length
 from specdec.core.suites import ALL, encode, load_suite
-from specdec.core.trace import measured_speedup, pooled_stats
+from specdec.core.trace import pooled_stats
 from specdec.costs.calibration import calibrate
 from specdec.drafters import Vocabulary, from_spec
 from specdec.drafters.bridge import NaiveCrossVocabDrafter, TextBridgeDrafter
@@ -93,7 +94,7 @@ class Row:
     mean_accepted_length: float  # tokens per target forward, pooled (incl. the target's token)
     cost_ratio: float  # c = one draft forward / one target step, measured in this run
     predicted_speedup: float  # the whole call priced by the calibrated v(n) and c (DecodeStats.predicted_speedup)
-    measured_speedup: float  # tokens/s of this row / tokens/s of the target alone (pooled)
+    measured_speedup: float  # tokens/s of this row / of the target alone timed beside it (pooled)
     ms_per_token: float  # pooled wall time per emitted token
     identical_outputs: str  # "n/N" prompts whose greedy output equals the target alone's
 
@@ -278,7 +279,7 @@ def stage_measure(target, other, same_draft: str, settings: RecipeSettings, fold
 def measure(target, other, same_draft: str, settings: RecipeSettings, folder: Path, say: Say = print) -> list[Row]:
     """Every row of the table, measured here in one run; writes results.json and table.md."""
     held_out, n, k = settings.held_out, settings.measure_max_new_tokens, settings.k
-    trials = DraftTrials(target, held_out, k, n)  # warm-up, then the target alone once
+    trials = DraftTrials(target, held_out, k, n)  # warm-up, then the target alone (its outputs, its row)
     baseline = trials.baseline
     distilled = folder / "distill" / "draft"
     pruned = f"{distilled}{VOCAB_SEPARATOR}{folder / 'prune' / 'vocabulary.json'}"
@@ -304,12 +305,12 @@ def measure(target, other, same_draft: str, settings: RecipeSettings, folder: Pa
     for label, tokenizer, make in contenders:
         draft = make()
         costs = calibrate(target, draft, cache_dir=folder / "costs")  # v(n) measured once, c per draft
-        results = trials.run(draft, costs)
-        stats = pooled_stats(results, _reported_k(k, results), costs)
-        same = trials.identical(results)
+        trial = trials.run(draft, costs)
+        stats = pooled_stats(trial.results, _reported_k(k, trial.results), costs)
+        same = trials.identical(trial.results)
         rows.append(Row(label, tokenizer, stats.acceptance_rate, stats.mean_accepted_length, stats.cost_ratio,
-                        stats.predicted_speedup, measured_speedup(stats, baseline), _ms_per_token(stats),
-                        f"{same}/{len(results)}"))
+                        stats.predicted_speedup, trial.measured_speedup, _ms_per_token(stats),
+                        f"{same}/{len(trial.results)}"))
         say(markdown(rows[-1:]).splitlines()[-1])
     files.write_text(folder / "table.md", markdown(rows))
     files.write_text(folder / "results.json", json.dumps(
