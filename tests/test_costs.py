@@ -55,9 +55,10 @@ def test_a_cached_curve_is_checked_once_per_process_and_measured_again_where_the
     target, draft = pair
     first = calibrate(target, draft, n_max=3, repeats=1, cache_dir=tmp_path)
     step, v_last = first.target.step_s, first.target.verify[-1]
-    speed = {"step": step, "v": v_last}  # what the machine does "now", per forward size
+    speed = {"step": step, "v": v_last, "c": first.draft_cost}  # what the machine does "now"
     monkeypatch.setattr(calibration, "forward_seconds",
                         lambda lm, base, n: speed["step"] * (speed["v"] if n == 3 else 1.0))
+    monkeypatch.setattr(calibration, "measure_draft_cost", lambda *a, **kw: speed["c"])
     checks = []
     real = calibration.still_holds
     monkeypatch.setattr(calibration, "still_holds", lambda *a, **kw: checks.append(1) or real(*a, **kw))
@@ -78,6 +79,29 @@ def test_a_cached_curve_is_checked_once_per_process_and_measured_again_where_the
     assert calibrate(target, draft, n_max=3, repeats=1, cache_dir=tmp_path).measured_now
     monkeypatch.setattr(calibration.time, "monotonic", lambda: 1e12)  # CHECK_EVERY_S later: checked again
     assert not calibrate(target, draft, n_max=3, repeats=1, cache_dir=tmp_path).measured_now and len(checks) == 4
+
+
+def test_a_cached_draft_cost_is_timed_again_once_per_process_and_stored_anew_where_it_moved(pair, tmp_path,
+                                                                                             monkeypatch):
+    """A c measured while the machine was busy (0.90 where the pair's is 0.31) must not price every later run: read
+    from the cache, c is timed again once per process; within DRIFT the cached one stands, beyond it the new one is
+    stored (the target's curve, which still holds, is kept)."""
+    target, draft = pair
+    first = calibrate(target, draft, n_max=3, repeats=1, cache_dir=tmp_path)
+    monkeypatch.setattr(calibration, "still_holds", lambda *a, **kw: True)
+    now = {"c": first.draft_cost * (1.0 + calibration.DRIFT / 2)}
+    timed = []
+    monkeypatch.setattr(calibration, "measure_draft_cost", lambda *a, **kw: timed.append(1) or now["c"])
+    calibration._checked.clear()  # a new process
+    kept = calibrate(target, draft, n_max=3, repeats=1, cache_dir=tmp_path)
+    assert not kept.measured_now and kept.draft_cost == first.draft_cost and timed == [1]
+    assert calibrate(target, draft, n_max=3, repeats=1, cache_dir=tmp_path).draft_cost == first.draft_cost
+    assert timed == [1]  # once per process
+    calibration._checked.clear()
+    now["c"] = 3 * first.draft_cost
+    moved = calibrate(target, draft, n_max=3, repeats=1, cache_dir=tmp_path)
+    assert moved.measured_now and moved.draft_cost == now["c"] and moved.target == first.target
+    assert cached_costs(target, draft, n_max=3, repeats=1, cache_dir=tmp_path).draft_cost == now["c"]
 
 
 def test_a_recalibration_of_several_drafts_measures_the_targets_curve_once(pair, tmp_path, monkeypatch):
