@@ -198,6 +198,22 @@ def test_the_int4_targets_head_takes_its_largest_logits_from_the_int8_rows_bit_f
     assert torch.equal(head(hidden[4:5]), logits[4:5])
 
 
+@pytest.mark.skipif(native.library() is None, reason="the compiled product is not built here")
+def test_the_kernel_table_of_an_int4_target_names_its_mlp_and_its_head_apart(capsys):
+    """`profile --kernels` times the widest layer as "MLP" and the head as "LM head": a rescored head's 4-bit layer
+    is the head's, even where the vocabulary is wider than the MLP."""
+    from specdec.cli.profile import print_kernels
+    from specdec.testing import tiny_config
+
+    config = tiny_config("qwen2")
+    config.vocab_size = 512  # wider than gate/up joined (2 x 128)
+    model = quant4.rows_on_product(quantize_int4(AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()))
+    print_kernels(model)
+    out = capsys.readouterr().out
+    assert f"MLP      [{2 * config.intermediate_size}, {config.hidden_size}]" in out
+    assert f"LM head  [{config.vocab_size}, {config.hidden_size}]" in out
+
+
 def test_a_rows_largest_logits_are_found_through_the_largest_blocks():
     logits = torch.randn(3, 1000)
     logits[1, 998] = 50.0  # in the last, partial block

@@ -211,7 +211,9 @@ def print_kernels(target) -> None:
     those shapes: a product's time depends on its shape, and the target's own may be int8 or 4-bit)."""
     model, _ = unwrap(target, None)
     head = model.get_output_embeddings()
-    layers = [m for m in model.modules() if m is not head and hasattr(m, "in_features") and hasattr(m, "out_features")]
+    in_head = {id(m) for m in head.modules()}  # the head and any layer it holds (a rescored head's 4-bit one)
+    layers = [m for m in model.modules()
+              if id(m) not in in_head and hasattr(m, "in_features") and hasattr(m, "out_features")]
     widest = [("MLP", max(layers, key=lambda m: m.out_features))] if layers else []
     for name, layer in (*widest, ("LM head", head)):
         w32 = torch.randn(layer.out_features, layer.in_features)  # the CPU's kernels, wherever the model lives
