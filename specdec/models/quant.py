@@ -842,7 +842,7 @@ def _int8_layers(model: torch.nn.Module, layer, share_inputs: bool = True) -> to
             parent = model.get_submodule(parent_name)
             setattr(parent, child, layer(name, [getattr(parent, child)]))
     head = model.get_output_embeddings()
-    if isinstance(head, Int8Linear):  # (a stored 4-bit head has no int8 rows)
+    if isinstance(head, Int8Linear):  # (a stored head of the product's form holds its rows itself, a RescoredHead)
         head.keep_weight()
     model.config.tie_word_embeddings = False  # the head is its own (int8) copy now
     return _attending(model, ROWWISE_ATTENTION, rowwise_attention)
