@@ -292,7 +292,7 @@ def _map_lookup_rows(model: torch.nn.Module, path: Path) -> None:
     for module in tables:
         entry = header.get(f"{names[id(module)]}.weight")
         if entry is None or entry["dtype"] != "I8" or list(entry["shape"]) != list(module.weight.shape):
-            continue  # not stored as this table: keep the copy in memory
+            continue  # not stored as this table: keep the rows as they are (made here: in memory)
         first, end = entry["data_offsets"]
         rows = torch.frombuffer(mapping, dtype=torch.int8, count=end - first, offset=start + first)
         module.register_buffer("weight", rows.view(module.weight.shape))
