@@ -5,6 +5,7 @@ import platform
 import pytest
 import torch
 
+from specdec.core import timing
 from specdec.models import native, quant
 
 needs_build = pytest.mark.skipif(native.library() is None, reason="not built here (no C compiler, or no AVX2)")
@@ -15,7 +16,7 @@ x86 = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="
 def fresh(monkeypatch, tmp_path):
     """A cache of its own and nothing built or timed yet in this process; every cached answer cleared after."""
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
-    caches = (native.library, native.build_key, native.tiles, native.tile_rows, quant.exact_for)
+    caches = (native.library, native.build_key, native.tiles, native.tile_rows, native.pass_rows4, quant.exact_for)
     for cached in caches:
         cached.cache_clear()
     yield tmp_path
@@ -70,16 +71,35 @@ def test_for_a_cpu_without_avx2_there_is_no_build_and_the_other_kernels_run(fres
 
 
 @needs_build
-def test_the_kernel_is_built_once_per_machine_and_its_tile_rows_timed_once(fresh, monkeypatch):
+def test_the_kernel_is_built_once_per_machine_and_its_row_counts_timed_once(fresh, monkeypatch):
     native.library()
-    rows = native.tile_rows()
+    rows, per_pass = native.tile_rows(), native.pass_rows4()
+    assert per_pass in native.PASS_ROWS_4
     built = sorted((fresh / "native").iterdir())
-    for cached in (native.library, native.tile_rows):
+    for cached in (native.library, native.tile_rows, native.pass_rows4):
         cached.cache_clear()  # another process on this machine
     monkeypatch.setattr(native, "_timed_tile_rows", lambda: pytest.fail("timed again"))
+    monkeypatch.setattr(native, "_timed_pass_rows4", lambda: pytest.fail("timed again"))
     monkeypatch.setattr(native.subprocess, "run", lambda command, **kwargs: pytest.fail("built again"))
-    assert native.library() is not None and native.tile_rows() == rows
+    assert native.library() is not None and native.tile_rows() == rows and native.pass_rows4() == per_pass
     assert sorted((fresh / "native").iterdir()) == built
+
+
+@needs_build
+@pytest.mark.parametrize("faster", native.PASS_ROWS_4)
+def test_the_rows_a_4_bit_pass_takes_are_the_fastest_timed_here(fresh, monkeypatch, faster):
+    """Which of PASS_ROWS_4 the 4-bit product takes is measured on the machine (mocked timings here), never read
+    off the CPU's flags; either gives the same bits."""
+    timed = []
+
+    def linear4(x, packed, bias, rows):
+        timed.append(rows)
+        clock[0] += 1.0 if rows == faster else 2.0
+
+    clock = [0.0]
+    monkeypatch.setattr(native, "linear4", linear4)
+    monkeypatch.setattr(timing, "clock", lambda device: clock[0])
+    assert native.pass_rows4() == faster and set(timed) == set(native.PASS_ROWS_4)
 
 
 @pytest.mark.parametrize("compiler", [None, "false"])
@@ -116,25 +136,28 @@ def test_a_linear_in_one_call_is_bitwise_the_layer_computed_with_torch_ops_aroun
 def product4_everywhere() -> dict:
     """`native.linear4` against its definition: each row quantized alone (symmetric int8, as an int8 Linear's), then
     x_scale * sum over groups of (scale * the exact sum of code * x_q - offset * the sum of x_q), scale and offset
-    in float16; and each row computed alone gives the same bits as in any batch (1..9 rows, the rows of a draft's
-    proposals, catch-ups and prefills). Returns the outputs, to compare builds."""
+    in float16; and each row computed alone gives the same bits as in any batch (1..26 rows: a draft's proposals,
+    catch-ups, verifications and prompts), whatever the rows a pass takes. Returns the outputs, to compare builds."""
     generator = torch.Generator().manual_seed(0)
     outputs = {}
+    rows = 26
     for n, k in ((100, 64), (17, 160), (48, 896)):  # heights off the 16-output blocks
         codes = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=generator)
         scale, offset = torch.rand(n, k // 32, generator=generator), torch.randn(n, k // 32, generator=generator)
         bias = torch.randn(n, generator=generator)
         packed = native.pack4(codes, scale, offset)
-        x = torch.randn(9, k, generator=generator) * torch.logspace(-3, 3, 9)[:, None]
+        x = torch.randn(rows, k, generator=generator) * torch.logspace(-3, 3, rows)[:, None]
         x_q, x_scale = quant._quantize_rows(x)
-        sums = (codes.double()[None] * x_q.double()[:, None]).view(9, n, -1, 32).sum(-1)  # [M, n, groups], exact
-        group_sums = x_q.double().view(9, 1, -1, 32).sum(-1)  # [M, 1, groups]
+        sums = (codes.double()[None] * x_q.double()[:, None]).view(rows, n, -1, 32).sum(-1)  # [M, n, groups], exact
+        group_sums = x_q.double().view(rows, 1, -1, 32).sum(-1)  # [M, 1, groups]
         expected = (scale.half().double() * sums - offset.half().double() * group_sums).sum(-1) * x_scale[:, None]
         y = native.linear4(x, packed, bias)
         torch.testing.assert_close(y, (expected + bias).float(), rtol=1e-5, atol=1e-5 * float(expected.abs().max()))
-        for m in range(1, 10):
+        for m in range(1, rows + 1):
             assert torch.equal(native.linear4(x[:m], packed, bias), y[:m])
             assert torch.equal(native.linear4(x[m - 1:m], packed, bias), y[m - 1:m])
+        for per_pass in (1, 3, *native.PASS_ROWS_4):
+            assert torch.equal(native.linear4(x, packed, bias, per_pass), y), per_pass
         outputs[(n, k)] = y
     return outputs
 

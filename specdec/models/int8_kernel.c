@@ -247,8 +247,9 @@ static void shifted_codes(const float *row, int64_t K, float scale, uint8_t *q) 
 #define PREFETCH4 8192
 #define PREFETCH4_SCALES 2048
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-#define MB4 8   /* rows one pass reads each weight vector for (with 4, the draft's products over 8 rows took 25.5 ms
-   and over 16 rows 38.5 on a Zen 4; with 8, 18.8 and 35.4: docs/performance.md) */
+#define MB4 12   /* rows one pass reads each weight vector for at most (the caller's `mb`, timed per machine: with
+   4, the draft's products over 8 rows took 25.5 ms and over 16 rows 38.5 on a Zen 4, with 8, 18.8 and 35.4; 12 rows a
+   pass made a Xeon's 9-row target forward 1.37 one-token steps where 8 made it 1.57: docs/performance.md) */
 /* one block of 16 outputs for MB rows: the blocks are read one after another, one sequential stream (two blocks at
    a time, two streams, read the 4-bit weights 13% slower for one row, docs/performance.md) */
 static inline __attribute__((always_inline)) void tile4(const int8_t *xq, const float *xsum, int64_t K,
@@ -256,18 +257,18 @@ static inline __attribute__((always_inline)) void tile4(const int8_t *xq, const 
     const int64_t K8 = K / 8, G = K / G4;
     const __m512i low = _mm512_set1_epi8(0x0F);
     __m512 acc[MB4];
-    #pragma GCC unroll 8
+    #pragma GCC unroll 12
     for (int j = 0; j < MB; j++) acc[j] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
         __m512i dot[MB4];
-        #pragma GCC unroll 8
+        #pragma GCC unroll 12
         for (int j = 0; j < MB; j++) dot[j] = _mm512_setzero_si512();
         #pragma GCC unroll 8
         for (int p = g * (G4 / 8); p < (g + 1) * (G4 / 8); p++) {
             _mm_prefetch((const char *)(w + (blk * K8 + p) * 64 + PREFETCH4), _MM_HINT_T0);
             const __m512i v = _mm512_loadu_si512(w + (blk * K8 + p) * 64);
             const __m512i lo = _mm512_and_si512(v, low), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
-            #pragma GCC unroll 8
+            #pragma GCC unroll 12
             for (int j = 0; j < MB; j++) {
                 const int8_t *x = xq + j * K + 8 * p;
                 dot[j] = _mm512_dpbusd_epi32(dot[j], lo, _mm512_set1_epi32(*(const int32_t *)x));
@@ -278,14 +279,14 @@ static inline __attribute__((always_inline)) void tile4(const int8_t *xq, const 
         _mm_prefetch((const char *)(s + PREFETCH4_SCALES / 2), _MM_HINT_T0);
         const __m512 scale = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)s));
         const __m512 offset = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + 16)));
-        #pragma GCC unroll 8
+        #pragma GCC unroll 12
         for (int j = 0; j < MB; j++)
             acc[j] = _mm512_sub_ps(_mm512_add_ps(acc[j], _mm512_mul_ps(scale, _mm512_cvtepi32_ps(dot[j]))),
                                    _mm512_mul_ps(offset, _mm512_set1_ps(xsum[j * G + g])));
     }
     const int64_t n = blk * 16;
     const __mmask16 keep = N - n >= 16 ? 0xFFFF : (__mmask16)((1u << (N - n)) - 1);
-    #pragma GCC unroll 8
+    #pragma GCC unroll 12
     for (int j = 0; j < MB; j++) _mm512_mask_storeu_ps(out + j * ldo + n, keep, acc[j]);
 }
 #else
@@ -334,23 +335,26 @@ static inline __attribute__((always_inline)) void tile4(const int8_t *xq, const 
 #endif
 #define TILE4(mb) tile4(xq + m * K, xsum + m * G, K, w, sz, blk, N, out + m * ldo, ldo, mb)
 static void blocks4(const int8_t *xq, const float *xsum, int64_t M, int64_t K, const uint8_t *w, const uint16_t *sz,
-                    int64_t b0, int64_t b1, int64_t N, float *out, int64_t ldo) {
+                    int64_t b0, int64_t b1, int64_t N, float *out, int64_t ldo, int mb) {
     const int64_t G = K / G4;
-    for (int64_t m = 0; m < M; m += MB4)
+    for (int64_t m = 0; m < M; m += mb)
         for (int64_t blk = b0; blk < b1; blk++)
-            switch (M - m >= MB4 ? MB4 : (int)(M - m)) {
+            switch (M - m >= mb ? mb : (int)(M - m)) {
                 case 1: TILE4(1); break; case 2: TILE4(2); break; case 3: TILE4(3); break;
 #if MB4 > 4
                 case 4: TILE4(4); break; case 5: TILE4(5); break; case 6: TILE4(6); break; case 7: TILE4(7); break;
+                case 8: TILE4(8); break; case 9: TILE4(9); break; case 10: TILE4(10); break; case 11: TILE4(11); break;
 #endif
                 default: TILE4(MB4);
             }
 }
 
-/* A draft's 4-bit Linear: y = x W.T (+ bias) as above, x [M][K] float32 with K a multiple of G4, out [M][N].
-   Returns 0, or -1 where its scratch (the rows' scales, group sums and codes) could not be had. */
+/* A draft's 4-bit Linear: y = x W.T (+ bias) as above, x [M][K] float32 with K a multiple of G4, out [M][N], the
+   rows `mb` at a time (1..MB4; each row's operations are the same whatever `mb`). Returns 0, or -1 where its scratch
+   (the rows' scales, group sums and codes) could not be had. */
 int int4_linear(const float *x, int64_t M, int64_t K, const uint8_t *w, const uint16_t *sz, int64_t N,
-                const float *bias, float *out, int threads) {
+                const float *bias, float *out, int mb, int threads) {
+    mb = mb < 1 ? 1 : mb > MB4 ? MB4 : mb;
     const int64_t G = K / G4;
     float *xscale = malloc(M * sizeof(float) * (1 + G) + M * K);
     if (!xscale) return -1;
@@ -372,7 +376,7 @@ int int4_linear(const float *x, int64_t M, int64_t K, const uint8_t *w, const ui
     const int64_t blocks = (N + 15) / 16, chunk = 4;
     #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t b0 = 0; b0 < blocks; b0 += chunk)
-        blocks4(xq, xsum, M, K, w, sz, b0, b0 + chunk < blocks ? b0 + chunk : blocks, N, out, N);
+        blocks4(xq, xsum, M, K, w, sz, b0, b0 + chunk < blocks ? b0 + chunk : blocks, N, out, N, mb);
     for (int64_t m = 0; m < M; m++) {
         float *y = out + m * N;
         const float s = xscale[m];
@@ -669,14 +673,14 @@ int draft_layer(float *hidden, int64_t d, const float *norm, float eps, const fl
     float *q = normed + d, *attended = q + qkv->out, *added = attended + H * D, *gu = added + d, *act = gu + 2 * I;
     int failed = 0;
     rms_norm_rows(hidden, 1, d, norm, eps, normed);
-    failed |= int4_linear(normed, 1, d, qkv->blocks, qkv->scales, qkv->out, qkv->bias, q, threads);
+    failed |= int4_linear(normed, 1, d, qkv->blocks, qkv->scales, qkv->out, qkv->bias, q, 1, threads);
     failed |= attend_one(q, cos, sin, keys, values, capacity, past, H, Hkv, D, scaling, attended, threads);
-    failed |= int4_linear(attended, 1, H * D, o->blocks, o->scales, o->out, o->bias, added, threads);
+    failed |= int4_linear(attended, 1, H * D, o->blocks, o->scales, o->out, o->bias, added, 1, threads);
     for (int64_t i = 0; i < d; i++) hidden[i] = hidden[i] + added[i];
     rms_norm_rows(hidden, 1, d, post_norm, post_eps, normed);
-    failed |= int4_linear(normed, 1, d, gate_up->blocks, gate_up->scales, gate_up->out, gate_up->bias, gu, threads);
+    failed |= int4_linear(normed, 1, d, gate_up->blocks, gate_up->scales, gate_up->out, gate_up->bias, gu, 1, threads);
     silu_mul_rows(gu, 1, I, act);
-    failed |= int4_linear(act, 1, I, down->blocks, down->scales, down->out, down->bias, added, threads);
+    failed |= int4_linear(act, 1, I, down->blocks, down->scales, down->out, down->bias, added, 1, threads);
     for (int64_t i = 0; i < d; i++) hidden[i] = hidden[i] + added[i];
     free(normed);
     return failed ? -1 : 0;

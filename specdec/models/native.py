@@ -30,7 +30,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +45,8 @@ FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-f
 ROWS_AT_ONCE = 12  # rows the AVX-512 path reads each weight vector for (MB_MAX in the source; tiles come only with it)
 TILE_ROWS = 16  # an AMX tile's rows: the rows of a product on tiles are padded to a multiple of this
 GROUP_4 = 32  # inputs per scale and offset of a 4-bit weight (G4 in the source)
+PASS_ROWS_4 = (8, 12)  # rows a pass of the 4-bit product may take (the source's MB4 caps it: 12 with AVX-512, 4 AVX2)
+PASS_PROBE_ROWS = (9, 12, 16, 24)  # the row counts the two are timed on: a verification of 8 to 11 drafts, a prompt
 K_ALIGN = 64  # the input width is padded to a multiple of this (an AMX tile row: 64 bytes)
 N_ALIGN = 16  # outputs per packed block
 PROFILED_AS = "specdec::int8_product"  # the product's name in a torch.profiler trace (specdec.lab.breakdown)
@@ -116,7 +118,7 @@ def library() -> ctypes.CDLL | None:
                                 ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     lib.int8_linear.restype = ctypes.c_int
     lib.int4_linear.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                                ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+                                ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     lib.int4_linear.restype = ctypes.c_int
     lib.attend_one.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
@@ -155,23 +157,56 @@ def tiles() -> bool:
 def tile_rows() -> int | None:
     """The fewest rows (2..ROWS_AT_ONCE + 1) from which a product on the tiles is faster than the vector path here,
     timed once per machine and cached; None where there are no tiles."""
-    if not tiles():
-        return None
+    return _timed_once("tile-rows", _timed_tile_rows) if tiles() else None
+
+
+@functools.cache
+def pass_rows4() -> int:
+    """The rows the 4-bit product reads each weight vector for at a time (PASS_ROWS_4): the fastest here for
+    PASS_PROBE_ROWS rows, timed once per machine and cached."""
+    return _timed_once("pass-rows-4", _timed_pass_rows4)
+
+
+def _timed_once(name: str, timed: Callable[[], int]) -> int:
+    """A row count `timed()` measures on this machine, once: cached per build of the kernel and thread count."""
     about = {"library": build_key(), "threads": torch.get_num_threads()}
-    path = cache.root() / "native" / f"tile-rows-{files.json_key(about)}.json"
+    path = cache.root() / "native" / f"{name}-{files.json_key(about)}.json"
     try:
         return json.loads(path.read_text())["rows"]
     except (OSError, ValueError, KeyError):
         pass
-    rows = _timed_tile_rows()
+    rows = timed()
     files.write_text(path, json.dumps({"rows": rows}))
     return rows
 
 
+def _probe_copies(one):
+    """TILE_PROBE_COPIES distinct copies of a packed probe weight, read one after another as a forward reads them."""
+    return [one._replace(blocks=one.blocks.clone()) for _ in range(TILE_PROBE_COPIES)]
+
+
+def _timed_pass_rows4() -> int:
+    generator = torch.Generator().manual_seed(0)
+    n, k = TILE_PROBE
+    weights = _probe_copies(pack4(torch.randint(0, 16, TILE_PROBE, dtype=torch.uint8, generator=generator),
+                                  torch.rand(n, k // GROUP_4, generator=generator),
+                                  torch.rand(n, k // GROUP_4, generator=generator)))
+    x = torch.randn(max(PASS_PROBE_ROWS), k, generator=generator)
+
+    def seconds(rows: int) -> float:
+        with Timer("cpu") as timer:
+            for m in PASS_PROBE_ROWS:
+                for weight in weights:
+                    linear4(x[:m], weight, None, rows)
+        return timer.seconds
+
+    timed = medians(interleaved({rows: functools.partial(seconds, rows) for rows in PASS_ROWS_4}, TILE_PROBE_REPEATS))
+    return min(PASS_ROWS_4, key=timed.get)
+
+
 def _timed_tile_rows() -> int:
     generator = torch.Generator().manual_seed(0)
-    one = pack(torch.randint(-127, 128, TILE_PROBE, dtype=torch.int8, generator=generator))
-    weights = [one._replace(blocks=one.blocks.clone()) for _ in range(TILE_PROBE_COPIES)]
+    weights = _probe_copies(pack(torch.randint(-127, 128, TILE_PROBE, dtype=torch.int8, generator=generator)))
     x_q = torch.randint(-127, 128, (ROWS_AT_ONCE, TILE_PROBE[1]), generator=generator).float()
 
     def seconds(m: int, on_tiles: bool) -> float:
@@ -345,15 +380,18 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def linear4(x: torch.Tensor, packed: Packed4, bias: torch.Tensor | None) -> torch.Tensor:
+def linear4(x: torch.Tensor, packed: Packed4, bias: torch.Tensor | None, rows: int | None = None) -> torch.Tensor:
     """float32 rows x [M, K] times a 4-bit weight (+ bias) in one call: each row quantized to int8 alone, each group's
-    sums exact, scaled in float32 (the source's int4_linear). Returns [M, N] float32."""
+    sums exact, scaled in float32 (the source's int4_linear), `rows` at a time (None: `pass_rows4()`, asked only
+    where it matters, past the fewest of PASS_ROWS_4; any count gives the same bits). Returns [M, N] float32."""
     x = x.contiguous()
-    out = torch.empty(x.shape[0], packed.out_features)
+    m = x.shape[0]
+    rows = rows or (pass_rows4() if m > min(PASS_ROWS_4) else m)
+    out = torch.empty(m, packed.out_features)
     with _profiled():
-        failed = library().int4_linear(x.data_ptr(), x.shape[0], x.shape[1], packed.blocks.data_ptr(),
+        failed = library().int4_linear(x.data_ptr(), m, x.shape[1], packed.blocks.data_ptr(),
                                        packed.scales.data_ptr(), packed.out_features,
-                                       None if bias is None else bias.data_ptr(), out.data_ptr(),
+                                       None if bias is None else bias.data_ptr(), out.data_ptr(), rows,
                                        torch.get_num_threads())
     if failed:
         raise MemoryError("no memory for a 4-bit product's rows")
