@@ -54,7 +54,8 @@ def test_the_own_forward_gives_the_models_own_logits_bit_for_bit(monkeypatch, ar
     ours, theirs = feeds(lm), feeds(transformers_forward(model))
     if lm.plan.fused:  # a draft's one-token step attends in one compiled call: sdpa's within float rounding
         assert all(within_rounding(a, b) for a, b in zip(ours, theirs))
-        assert torch.equal(ours[0], theirs[0])  # the prefill, before any such step
+        if not lm.plan.layers4:  # (a 4-bit draft's prefill runs its layers in one call each too)
+            assert torch.equal(ours[0], theirs[0])  # the prefill, before any such step
     else:
         assert all(torch.equal(a, b) for a, b in zip(ours, theirs))
     assert lm.cache.length == len(lm.token_ids) and lm.cache.keys[0].shape[-2] >= lm.cache.length
@@ -87,6 +88,7 @@ def test_a_drafts_one_token_step_runs_compiled_calls_within_rounding_of_the_torc
                                                             getattr(native, name)))
     for lm in (fused, plain):
         lm.forward(CONTEXT)
+    calls.clear()  # (a 4-bit draft's prefill is one call a layer too)
     for token in range(14, 40):
         ours, theirs = fused.forward([token])[0], plain.forward([token])[0]
         assert within_rounding(ours, theirs)
@@ -99,6 +101,28 @@ def test_a_drafts_one_token_step_runs_compiled_calls_within_rounding_of_the_torc
 
 
 @pytest.mark.skipif(native.library() is None, reason="the compiled product is not built here")
+def test_a_4bit_drafts_forward_of_several_tokens_is_bitwise_its_one_token_steps():
+    """A 4-bit draft's forward over n tokens (a prefill, the catch-up after a round that passed whole) runs each layer
+    as one compiled call over the n rows, each row computed as its own one-token step would: the same keys and
+    values and the same last logits, bit for bit, as n one-token steps."""
+    model = int8_model("qwen2", "int4-dynamic")
+    whole, steps = CachedLM(model), CachedLM(model)
+    assert whole.plan.layers4
+    for lm in (whole, steps):
+        lm.forward(CONTEXT[:3])
+    feed = CONTEXT[3:] + [14, 15]
+    last = whole.forward(feed)[0]
+    for token in feed:
+        one = steps.forward([token])[0]
+    assert torch.equal(last, one)
+    end = whole.cache.length
+    assert end == steps.cache.length == len(CONTEXT) + 2
+    for layer in range(len(whole.plan.layers)):
+        assert torch.equal(whole.cache.keys[layer][..., :end, :], steps.cache.keys[layer][..., :end, :])
+        assert torch.equal(whole.cache.values[layer][..., :end, :], steps.cache.values[layer][..., :end, :])
+
+
+@pytest.mark.skipif(native.library() is None, reason="the compiled product is not built here")
 def test_a_4bit_drafts_layer_in_one_call_is_bitwise_its_step_call_by_call():
     """A 4-bit draft runs each layer of a one-token step as one compiled call (`native.draft_layer`), the same calls
     in the same order inside as the step made one by one from Python: the same logits and keys/values, bit for bit.
@@ -108,8 +132,9 @@ def test_a_4bit_drafts_layer_in_one_call_is_bitwise_its_step_call_by_call():
     whole, by_call = CachedLM(model), CachedLM(model)
     assert len(whole.plan.layers4) == len(whole.plan.layers)
     by_call.plan = int8_forward.Plan(**{**vars(by_call.plan), "layers4": ()})
-    for lm in (whole, by_call):
-        lm.forward(CONTEXT)
+    whole.forward(CONTEXT)  # one call a layer over the rows, each row its one-token step (the test above)
+    for token in CONTEXT:
+        by_call.forward([token])
     for token in range(14, 30):
         assert torch.equal(whole.forward([token])[0], by_call.forward([token])[0])
     end = whole.cache.length

@@ -79,10 +79,10 @@ class Cache:
         self.values[index] = written(self.values[index], self.length, value)
         return self.keys[index][..., :end, :], self.values[index][..., :end, :]
 
-    def reserve(self, index: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer `index`'s storages [1, H_kv, capacity, D] holding one position past the held ones (`kv.reserved`;
-        `like` [1, H_kv, 1, D]), for a step that writes its own key and value there (`native.attend_one`)."""
-        end = self.length + 1
+    def reserve(self, index: int, like: torch.Tensor, n: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `index`'s storages [1, H_kv, capacity, D] holding n positions past the held ones (`kv.reserved`;
+        `like` [1, H_kv, 1, D]), for a step that writes its own keys and values there (`native.attend_one`)."""
+        end = self.length + n
         self.keys[index] = reserved(self.keys[index], self.length, end, like)
         self.values[index] = reserved(self.values[index], self.length, end, like)
         return self.keys[index], self.values[index]
@@ -129,7 +129,7 @@ class Plan:
     def _layer(self, layer: Layer, index: int, hidden, cos, sin, mask, cache: Cache) -> torch.Tensor:
         """One decoder layer over hidden [n, d], as transformers' llama/qwen2 layer computes it."""
         n, heads, kv_heads, dim = hidden.shape[0], self.heads, self.kv_heads, self.head_dim
-        if n == 1 and self.fused:
+        if self.fused and (n == 1 or self.layers4):
             return self._fused_step(layer, index, hidden, cos, sin, cache)
         qkv = layer.qkv(_rms_norm(hidden, layer.norm, layer.norm_eps))  # [n, (H + 2·H_kv)·D]
         qkv = qkv.view(n, heads + 2 * kv_heads, dim)
@@ -142,13 +142,14 @@ class Plan:
         return hidden + layer.down(F.silu(gate_up[:, :self.intermediate]) * gate_up[:, self.intermediate:])
 
     def _fused_step(self, layer: Layer, index: int, hidden, cos, sin, cache: Cache) -> torch.Tensor:
-        """A draft's one-token step through one layer, hidden [1, d]: the same formulas, each norm, the attention
-        and the gated product one compiled call (`native`), so float rounding differs from `_layer`'s."""
-        if self.layers4:  # every product 4-bit: the whole layer in one call, the same calls inside
+        """A draft's step through one layer, hidden [n, d] (n = 1 unless every product is 4-bit): the same formulas,
+        each norm, the attention and the gated product one compiled call (`native`), so float rounding differs from
+        `_layer`'s."""
+        if self.layers4:  # every product 4-bit: the whole layer in one call, the same calls inside, row by row
             norms, weights, like = self.layers4[index]
-            keys, values = cache.reserve(index, like)  # [1, H_kv, capacity, D]
-            native.draft_layer(hidden, norms, weights, cos[0, 0], sin[0, 0], keys, values, cache.length, self.heads,
-                               self.scaling)
+            keys, values = cache.reserve(index, like, hidden.shape[0])  # [1, H_kv, capacity, D]
+            native.draft_layer(hidden, norms, weights, cos[:, 0].contiguous(), sin[:, 0].contiguous(), keys, values,
+                               cache.length, self.heads, self.scaling)
             return hidden
         qkv = layer.qkv(native.rms_norm(hidden, layer.norm, layer.norm_eps))  # [1, (H + 2·H_kv)·D]
         keys, values = cache.reserve(index, qkv.view(1, -1, 1, self.head_dim)[:, :self.kv_heads])  # [1, H_kv, cap, D]

@@ -659,29 +659,36 @@ void silu_mul_rows(const float *gate_up, int64_t M, int64_t I, float *out) {
 /* A 4-bit weight as draft_layer reads it: int4_linear's blocks and scales, its bias (or NULL), out x in. */
 struct weight4 { const uint8_t *blocks; const uint16_t *scales; const float *bias; int64_t out, in; };
 
-/* A draft's one-token step through one decoder layer whose four products are 4-bit, in one call: hidden [d]
-   updated in place with what specdec.models.int8_forward's fused step computes, the same calls in the same order
-   (rms_norm_rows, int4_linear, attend_one, silu_mul_rows, float adds), so the same bits, without a dozen calls
-   from Python around them. Returns 0, or -1 where a scratch could not be had. */
-int draft_layer(float *hidden, int64_t d, const float *norm, float eps, const float *post_norm, float post_eps,
-                const struct weight4 *qkv, const struct weight4 *o, const struct weight4 *gate_up,
+/* A draft's step of M tokens through one decoder layer whose four products are 4-bit, in one call: hidden [M][d]
+   updated in place with what specdec.models.int8_forward's fused step computes for one token, the same calls in the
+   same order (rms_norm_rows, int4_linear, attend_one, silu_mul_rows, float adds), so the same bits, without a dozen
+   calls from Python around them; row i's key and value are written at position past + i and it attends to 0..past
+   + i (attend_one a row at a time), cos and sin [M][D]; the products take the rows `mb` at a time. Returns 0, or
+   -1 where a scratch could not be had. */
+int draft_layer(float *hidden, int64_t M, int64_t d, const float *norm, float eps, const float *post_norm,
+                float post_eps, const struct weight4 *qkv, const struct weight4 *o, const struct weight4 *gate_up,
                 const struct weight4 *down, const float *cos, const float *sin, float *keys, float *values,
-                int64_t capacity, int64_t past, int64_t H, int64_t Hkv, int64_t D, float scaling, int threads) {
-    const int64_t I = gate_up->out / 2;
-    float *normed = malloc(sizeof(float) * (d + qkv->out + H * D + d + gate_up->out + I));
+                int64_t capacity, int64_t past, int64_t H, int64_t Hkv, int64_t D, float scaling, int mb,
+                int threads) {
+    const int64_t I = gate_up->out / 2, Q = qkv->out;
+    float *normed = malloc(sizeof(float) * M * (d + Q + H * D + d + gate_up->out + I));
     if (!normed) return -1;
-    float *q = normed + d, *attended = q + qkv->out, *added = attended + H * D, *gu = added + d, *act = gu + 2 * I;
+    float *q = normed + M * d, *attended = q + M * Q, *added = attended + M * H * D, *gu = added + M * d,
+          *act = gu + M * 2 * I;
     int failed = 0;
-    rms_norm_rows(hidden, 1, d, norm, eps, normed);
-    failed |= int4_linear(normed, 1, d, qkv->blocks, qkv->scales, qkv->out, qkv->bias, q, 1, threads);
-    failed |= attend_one(q, cos, sin, keys, values, capacity, past, H, Hkv, D, scaling, attended, threads);
-    failed |= int4_linear(attended, 1, H * D, o->blocks, o->scales, o->out, o->bias, added, 1, threads);
-    for (int64_t i = 0; i < d; i++) hidden[i] = hidden[i] + added[i];
-    rms_norm_rows(hidden, 1, d, post_norm, post_eps, normed);
-    failed |= int4_linear(normed, 1, d, gate_up->blocks, gate_up->scales, gate_up->out, gate_up->bias, gu, 1, threads);
-    silu_mul_rows(gu, 1, I, act);
-    failed |= int4_linear(act, 1, I, down->blocks, down->scales, down->out, down->bias, added, 1, threads);
-    for (int64_t i = 0; i < d; i++) hidden[i] = hidden[i] + added[i];
+    rms_norm_rows(hidden, M, d, norm, eps, normed);
+    failed |= int4_linear(normed, M, d, qkv->blocks, qkv->scales, Q, qkv->bias, q, mb, threads);
+    for (int64_t i = 0; i < M; i++)
+        failed |= attend_one(q + i * Q, cos + i * D, sin + i * D, keys, values, capacity, past + i, H, Hkv, D,
+                             scaling, attended + i * H * D, threads);
+    failed |= int4_linear(attended, M, H * D, o->blocks, o->scales, o->out, o->bias, added, mb, threads);
+    for (int64_t i = 0; i < M * d; i++) hidden[i] = hidden[i] + added[i];
+    rms_norm_rows(hidden, M, d, post_norm, post_eps, normed);
+    failed |= int4_linear(normed, M, d, gate_up->blocks, gate_up->scales, gate_up->out, gate_up->bias, gu, mb,
+                          threads);
+    silu_mul_rows(gu, M, I, act);
+    failed |= int4_linear(act, M, I, down->blocks, down->scales, down->out, down->bias, added, mb, threads);
+    for (int64_t i = 0; i < M * d; i++) hidden[i] = hidden[i] + added[i];
     free(normed);
     return failed ? -1 : 0;
 }

@@ -131,10 +131,11 @@ def library() -> ctypes.CDLL | None:
                                   ctypes.c_void_p]
     lib.silu_mul_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     weight = ctypes.POINTER(Weight4)
-    lib.draft_layer.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p,
-                                ctypes.c_float, weight, weight, weight, weight, ctypes.c_void_p, ctypes.c_void_p,
-                                ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                                ctypes.c_int64, ctypes.c_int64, ctypes.c_float, ctypes.c_int]
+    lib.draft_layer.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_float,
+                                ctypes.c_void_p, ctypes.c_float, weight, weight, weight, weight, ctypes.c_void_p,
+                                ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_float, ctypes.c_int,
+                                ctypes.c_int]
     lib.draft_layer.restype = ctypes.c_int
     return lib
 
@@ -165,6 +166,12 @@ def pass_rows4() -> int:
     """The rows the 4-bit product reads each weight vector for at a time (PASS_ROWS_4): the fastest here for
     PASS_PROBE_ROWS rows, timed once per machine and cached."""
     return _timed_once("pass-rows-4", _timed_pass_rows4)
+
+
+def _pass_rows(m: int) -> int:
+    """The rows a pass of a 4-bit product of m rows takes: m where that is no more than any count would take (then
+    `pass_rows4` is neither timed nor read), else `pass_rows4()`."""
+    return m if m <= min(PASS_ROWS_4) else pass_rows4()
 
 
 def _timed_once(name: str, timed: Callable[[], int]) -> int:
@@ -360,16 +367,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def draft_layer(hidden: torch.Tensor, norms: tuple[torch.Tensor, float, torch.Tensor, float],
                 weights: tuple[Weight4, Weight4, Weight4, Weight4], cos: torch.Tensor, sin: torch.Tensor,
                 keys: torch.Tensor, values: torch.Tensor, past: int, heads: int, scaling: float) -> None:
-    """A draft's one-token step through a decoder layer whose q/k/v, o, gate/up and down weights are 4-bit, in one
-    call (the source's draft_layer): hidden [1, d] (contiguous float32) updated in place, the new key and value
-    written at `past` in keys and values [1, H_kv, capacity, D]. norms: (input norm weight, eps, post-attention
-    norm weight, eps); weights: `weight4` of q/k/v, o, gate/up, down; cos and sin [D] at the token's position."""
+    """A draft's step of M tokens through a decoder layer whose q/k/v, o, gate/up and down weights are 4-bit, in one
+    call (the source's draft_layer): hidden [M, d] (contiguous float32) updated in place, the new keys and values
+    written from `past` on in keys and values [1, H_kv, capacity, D]. norms: (input norm weight, eps, post-attention
+    norm weight, eps); weights: `weight4` of q/k/v, o, gate/up, down; cos and sin [M, D] (contiguous) at the tokens'
+    positions."""
     norm, eps, post_norm, post_eps = norms
     kv_heads, capacity, dim = keys.shape[1:]
-    if library().draft_layer(hidden.data_ptr(), hidden.shape[-1], norm.data_ptr(), eps, post_norm.data_ptr(),
+    m = hidden.shape[0]
+    if library().draft_layer(hidden.data_ptr(), m, hidden.shape[-1], norm.data_ptr(), eps, post_norm.data_ptr(),
                              post_eps, *(ctypes.byref(w) for w in weights), cos.data_ptr(), sin.data_ptr(),
                              keys.data_ptr(), values.data_ptr(), capacity, past, heads, kv_heads, dim, scaling,
-                             torch.get_num_threads()):
+                             _pass_rows(m), torch.get_num_threads()):
         raise MemoryError("no memory for a draft layer's scratch")
 
 
@@ -382,11 +391,11 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 def linear4(x: torch.Tensor, packed: Packed4, bias: torch.Tensor | None, rows: int | None = None) -> torch.Tensor:
     """float32 rows x [M, K] times a 4-bit weight (+ bias) in one call: each row quantized to int8 alone, each group's
-    sums exact, scaled in float32 (the source's int4_linear), `rows` at a time (None: `pass_rows4()`, asked only
-    where it matters, past the fewest of PASS_ROWS_4; any count gives the same bits). Returns [M, N] float32."""
+    sums exact, scaled in float32 (the source's int4_linear), `rows` at a time (None: `_pass_rows`; any count gives
+    the same bits). Returns [M, N] float32."""
     x = x.contiguous()
     m = x.shape[0]
-    rows = rows or (pass_rows4() if m > min(PASS_ROWS_4) else m)
+    rows = rows or _pass_rows(m)
     out = torch.empty(m, packed.out_features)
     with _profiled():
         failed = library().int4_linear(x.data_ptr(), m, x.shape[1], packed.blocks.data_ptr(),
