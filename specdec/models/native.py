@@ -168,6 +168,12 @@ def pass_rows4() -> int:
     return _timed_once("pass-rows-4", _timed_pass_rows4)
 
 
+def timed_rows() -> str:
+    """The row counts timed for the kernel on this machine (`tile_rows`, `pass_rows4`), for the cache keys of what
+    was measured with them: a timing taken with other row counts is not read again."""
+    return f"tiles-{tile_rows()}-pass-{pass_rows4()}"
+
+
 def _pass_rows(m: int) -> int:
     """The rows a pass of a 4-bit product of m rows takes: m where that is no more than any count would take (then
     `pass_rows4` is neither timed nor read), else `pass_rows4()`."""

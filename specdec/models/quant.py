@@ -229,8 +229,9 @@ def forget_kernel_choices() -> None:
 
 def kernel_path() -> str:
     """What an int8 product runs here, for cache keys: the exact packed kernels (the fastest of them per shape,
-    `kernel_for`; torch._int_mm where none is), the weight range, and the build of the kernel compiled here."""
-    built = f"/{native.build_key()}" if "native" in exact_kernels() else ""
+    `kernel_for`; torch._int_mm where none is), the weight range, and the build of the kernel compiled here with the
+    row counts timed for it on this machine (`native.timed_rows`)."""
+    built = f"/{native.build_key()}/{native.timed_rows()}" if "native" in exact_kernels() else ""
     return f"{'+'.join(exact_kernels()) or 'int_mm'}/{weight_limit()}{built}"
 
 
