@@ -19,8 +19,8 @@ def test_browser_decode_shows_coloured_chips_round_table_and_plots(app_server, t
     url, _ = app_server
     with page_at(url) as page:
         run_live(page, TIMEOUT_MS)
-        chips = page.locator("#chips-box .chip")
-        assert chips.count() > 10
+        # the whole run's chips, polled rather than read once (one CI run read 2 just after the status said done)
+        page.wait_for_function("() => document.querySelectorAll('#chips-box .chip').length > 10", timeout=TIMEOUT_MS)
         colours = {page.locator(f"#chips-box .chip-{kind}").first.evaluate("e => getComputedStyle(e).backgroundColor")
                    for kind in ("correction", "rejected")}
         assert len(colours) == 2 and "rgba(0, 0, 0, 0)" not in colours  # coloured, and differently
