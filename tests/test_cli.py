@@ -116,3 +116,21 @@ def test_threads_sets_torch_threads_for_the_command(folders, capsys, monkeypatch
     assert args.threads == 1
     cli.apply_threads(args.threads)
     assert seen == [1]
+
+
+def test_vocabulary_writes_the_set_of_the_targets_continuations(folders, capsys, tmp_path):
+    target, _ = folders
+    prompts, out = tmp_path / "prompts.jsonl", tmp_path / "vocabulary.json"
+    prompts.write_text("".join(json.dumps({"id": f"p-{n}", "category": "code", "language": "en", "split": split,
+                                           "template": "raw", "prompt": text}) + "\n"
+                               for n, (split, text) in enumerate([("dev", "def print the"), ("dev", "for a in range"),
+                                                                  ("heldout", "while is")])))
+    code, printed, _ = run(capsys, "vocabulary", "--target", str(target), "--dtype", "float32", "--prompts",
+                           str(prompts), "--max-new-tokens", "4", "--core", "3", "--out", str(out))
+    about = json.loads(out.read_text())
+    assert code == 0 and f"wrote {out}: {len(about['token_ids'])} of " in printed
+    assert {0, 1, 2} <= set(about["token_ids"]) and about["texts"] == 2 and about["tokens"] > 2 * 4
+    assert about["command"] == (f"python -m specdec vocabulary --target {target} --prompts {prompts} --split dev "
+                                "--max-new-tokens 4 --core 3")
+    code, _, err = run(capsys, "vocabulary", "--target", str(target), "--max-new-tokens", "0", "--out", str(out))
+    assert code == 1 and last_line(err) == "error: --max-new-tokens must be at least 1 and --core at least 0"

@@ -218,6 +218,8 @@ def test_a_drafter_that_declares_nothing_is_refused_with_one_line(pair):
     ("aligned:x+lookup", DraftSpec("model", "aligned:x", hybrid=True)),
     ("runs/d@vocab=v.json", DraftSpec("pruned", "runs/d", vocabulary_file="v.json")),
     ("m@vocab=v.json+lookup", DraftSpec("pruned", "m", vocabulary_file="v.json", hybrid=True)),
+    ("m@vocab=all", DraftSpec("model", "m", whole_vocabulary=True)),
+    ("m@vocab=all+lookup", DraftSpec("model", "m", whole_vocabulary=True, hybrid=True)),
     ("lookup+lookup", DraftSpec("lookup", hybrid=True)),
 ])
 def test_the_draft_grammar_is_parsed_once_into_a_spec(text, spec):

@@ -1,5 +1,6 @@
 """The pruned-vocabulary drafter: proposals stay in the set, greedy output and the sampling law stay the target's."""
 import copy
+import gc
 import json
 
 import pytest
@@ -7,10 +8,12 @@ import torch
 
 from specdec import autoregressive_generate, speculative_generate
 from specdec.drafters import ModelDrafter, PrunedVocabularyDrafter, SamplingPolicy, from_spec
-from specdec.drafters.pruned import load_vocabulary
-from specdec.models import LoadedModel, formats, native, quant
+from specdec.drafters import DraftSpec, Vocabulary
+from specdec.drafters.pruned import _PRUNED, load_vocabulary
+from specdec.models import LoadedModel, entries, formats, native, quant
+from specdec.models.loading import shipped_vocabulary
 from specdec.testing import perturbed_copy, tiny_model
-from specdec.training.prune import build_vocabulary, save_vocabulary
+from specdec.training.prune import CORE, build_vocabulary, frequent_vocabulary, save_vocabulary
 from test_sampling import TEMPERATURE, TOP_P, chi_square_p_value, draw_first_two, exact_law_of_two_tokens
 
 PROMPT = [1, 7, 3, 19]
@@ -136,3 +139,61 @@ def test_a_quantized_draft_drafts_over_its_own_rows_of_the_set(pair, form):
     alone = autoregressive_generate(target, PROMPT, max_new_tokens=40, eos_token_id=[])
     result = speculative_generate(target, pruned, PROMPT, k=4, max_new_tokens=40, eos_token_id=[])
     assert result.token_ids == alone.token_ids and result.stats.accepted_tokens > 0
+
+
+def test_a_set_is_sliced_once_per_model_and_let_go_with_it():
+    draft = tiny_model("llama", seed=4)
+    first, second, other = (PrunedVocabularyDrafter(draft, ids) for ids in (KEPT, KEPT, range(64)))
+    assert first.model is second.model and other.model is not first.model  # two requests, one slice
+    assert len(_PRUNED[draft]) == 2
+    held = len(_PRUNED)
+    del first, second, other, draft
+    gc.collect()
+    assert len(_PRUNED) == held - 1
+
+
+class CharacterTokenizer:
+    """Token i is one character: the ASCII ones, then Chinese, Cyrillic and a piece of a character (U+FFFD)."""
+
+    pieces = [chr(c) for c in range(32, 127)] + ["的", "学", "生", "я", "д", "\ufffd"]
+    all_special_ids = [2]
+
+    def __len__(self):
+        return len(self.pieces)
+
+    def decode(self, ids):
+        return "".join(self.pieces[i] for i in ids)
+
+
+def test_a_frequent_set_keeps_the_texts_tokens_the_first_ids_the_texts_scripts_and_the_specials():
+    tokenizer = CharacterTokenizer()
+    chinese, cyrillic, piece = (tokenizer.pieces.index(c) for c in ("的", "я", "\ufffd"))
+    text = [tokenizer.pieces.index(c) for c in "xyz"] + [chinese]
+    kept = frequent_vocabulary(tokenizer, [text], core=10)
+    assert set(kept) == {*range(10), *text, 2, chinese, chinese + 1, chinese + 2}  # every Chinese token, none else
+    assert cyrillic not in kept and piece not in kept and kept == sorted(kept)
+    assert frequent_vocabulary(tokenizer, [[cyrillic]], core=0) == [2, cyrillic, cyrillic + 1]
+
+
+def test_the_shipped_set_was_made_by_the_vocabulary_command_and_fits_the_family():
+    path = entries.draft_vocabulary(entries.default_name("draft"), entries.default_name("target"))
+    about = json.loads(path.read_text())
+    ids = load_vocabulary(path)
+    assert about["command"].startswith("python -m specdec vocabulary") and about["core"] == CORE
+    assert ids == sorted(set(ids)) and 0 <= ids[0] and ids[-1] < about["vocabulary_size"]
+    assert set(range(CORE)) <= set(ids) and len(ids) < about["vocabulary_size"] / 2
+
+
+def test_a_catalogue_draft_drafts_over_its_familys_shipped_set_unless_told_otherwise():
+    target = LoadedModel(entries.default_name("target"), None, None, "test", "target", "int4")
+    draft = entries.default_name("draft")
+    shipped = entries.draft_vocabulary(draft, target.name)
+    for text in (draft, f"{draft}+lookup"):
+        spec = shipped_vocabulary(DraftSpec.parse(text), target)
+        assert spec == DraftSpec("pruned", draft, vocabulary_file=str(shipped), hybrid=text.endswith("+lookup"))
+    for text, bridge in [(f"{draft}@vocab=all", "auto"), (draft, "text bridge"), ("smollm2-135m-instruct", "auto"),
+                         ("runs/my-draft", "auto"), ("lookup", "auto"), (f"{draft}@vocab=v.json", "auto")]:
+        spec = DraftSpec.parse(text)
+        assert shipped_vocabulary(spec, target, Vocabulary.of(bridge)) == spec, text
+    custom_target = LoadedModel("runs/my-target", None, None, "test", "runs/my-target", "float32")
+    assert shipped_vocabulary(DraftSpec.parse(draft), custom_target) == DraftSpec.parse(draft)

@@ -13,7 +13,9 @@ The set is a JSON file `{"token_ids": [...], ...}` (`save_vocabulary`); the draf
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
+import weakref
 from pathlib import Path
 from typing import Iterable
 
@@ -33,7 +35,7 @@ class PrunedVocabularyDrafter(ModelDrafter):
             raise ValueError(f"a pruned vocabulary needs ids in 0..{rows - 1}, got {len(ids)} ids"
                              + (f" from {ids[0]} to {ids[-1]}" if ids else ""))
         self.token_ids = torch.tensor(ids, dtype=torch.long)  # [S] the set, sorted
-        super().__init__(_with_head_rows(model, self.token_ids))
+        super().__init__(_pruned_model(model, self.token_ids))
 
     def candidates(self, logits: torch.Tensor, policy: SamplingPolicy) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Greedy: the set's [S] logits and their ids as they are (nothing spread over the target's vocabulary per
@@ -45,6 +47,19 @@ class PrunedVocabularyDrafter(ModelDrafter):
         keep = self.token_ids < policy.vocab_size
         full[self.token_ids[keep]] = logits[keep]
         return full, None
+
+
+_PRUNED = weakref.WeakKeyDictionary()  # model -> {digest of a set: the model with that set's head rows}
+
+
+def _pruned_model(model: torch.nn.Module, token_ids: torch.Tensor) -> torch.nn.Module:
+    """`_with_head_rows(model, token_ids)`, sliced once per model and set: an app's every request drafts with a
+    new drafter over the same model (kept while the model is)."""
+    clones = _PRUNED.setdefault(model, {})
+    digest = hashlib.sha256(token_ids.numpy().tobytes()).hexdigest()
+    if digest not in clones:
+        clones[digest] = _with_head_rows(model, token_ids)
+    return clones[digest]
 
 
 def _with_head_rows(model: torch.nn.Module, token_ids: torch.Tensor) -> torch.nn.Module:

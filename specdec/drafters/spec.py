@@ -4,10 +4,11 @@ The grammar (the CLI's `--draft`, the app's draft box, `specdec.drafters.from_sp
 
     spec  = base | base "+lookup"          prompt lookup where the base draft missed or starts it, or a copy is
                                            on track; else the base draft
-    base  = "lookup" | "self:" L | MODEL | MODEL "@vocab=" FILE
+    base  = "lookup" | "self:" L | MODEL | MODEL "@vocab=" FILE | MODEL "@vocab=all"
 
-MODEL is a catalogue name, a folder, a .gguf file, a hub id or `aligned:NAME`. "+lookup" ends a spec once;
-a spec is at most MAX_SPEC_CHARS characters.
+MODEL is a catalogue name, a folder, a .gguf file, a hub id or `aligned:NAME`. A catalogue draft drafts over the
+frequent-token set shipped for its tokenizer family, where one ships (`specdec.models.loading.load_draft`);
+`@vocab=all` keeps its whole vocabulary. "+lookup" ends a spec once; a spec is at most MAX_SPEC_CHARS characters.
 """
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ LOOKUP = "lookup"
 SELF_PREFIX = "self:"
 HYBRID_SUFFIX = "+lookup"
 VOCAB_SEPARATOR = "@vocab="  # MODEL@vocab=FILE
+WHOLE_VOCABULARY = "all"  # MODEL@vocab=all: the model's whole vocabulary, not a shipped set (a file called so: ./all)
 MAX_SPEC_CHARS = 4096  # a long model path and a long vocabulary path fit
-GRAMMAR = "a model, 'lookup', 'self:L', 'MODEL+lookup' or 'MODEL@vocab=FILE'"
+GRAMMAR = "a model, 'lookup', 'self:L', 'MODEL+lookup', 'MODEL@vocab=FILE' or 'MODEL@vocab=all'"
 
 
 class Vocabulary(str, Enum):
@@ -50,6 +52,7 @@ class DraftSpec:
     model: str = ""  # the model to load ("" for lookup and self:L)
     layers: int = 0  # L of self:L
     vocabulary_file: str = ""  # FILE of MODEL@vocab=FILE
+    whole_vocabulary: bool = False  # MODEL@vocab=all: never a shipped set
     hybrid: bool = False  # "+lookup": prompt lookup where this draft just missed or starts it, or a copy is on track
 
     @classmethod
@@ -74,6 +77,8 @@ class DraftSpec:
             if not model or not vocabulary_file:
                 raise ValueError(f"{base!r}: a pruned draft is MODEL@vocab=FILE, e.g. runs/finance/distill/draft"
                                  f"@vocab=runs/finance/prune/vocabulary.json")
+            if vocabulary_file == WHOLE_VOCABULARY:
+                return cls("model", model, whole_vocabulary=True, hybrid=hybrid)
             return cls("pruned", model, vocabulary_file=vocabulary_file, hybrid=hybrid)
         return cls("model", base, hybrid=hybrid)
 

@@ -25,6 +25,7 @@ from specdec.models import cache as weights_cache, hub
 
 CATALOGUE_PATH = files.ASSETS / "models.json"
 CONFIGS = files.ASSETS / "configs"  # <name>.json: a catalogue model's architecture (transformers config), shipped
+VOCABULARIES = files.ASSETS / "vocabularies"  # <tokenizer family>.json: the frequent-token set its drafts draft over
 STATUSES = ("ready", "needs assembly", "needs download")
 
 
@@ -118,6 +119,16 @@ def find(name: str) -> CatalogueEntry | None:
 def shipped_config(name: str) -> Path | None:
     """The shipped architecture of catalogue model `name` (its config.json), or None where none ships."""
     path = CONFIGS / f"{name}.json"
+    return path if path.is_file() else None
+
+
+def draft_vocabulary(draft: str, target: str) -> Path | None:
+    """The frequent-token set shipped for catalogue draft `draft` drafting for catalogue target `target` (both of
+    one tokenizer family; `python -m specdec vocabulary` made it), or None."""
+    draft_entry, target_entry = find(draft), find(target)
+    if draft_entry is None or target_entry is None or draft_entry.tokenizer != target_entry.tokenizer:
+        return None
+    path = VOCABULARIES / f"{draft_entry.tokenizer}.json"
     return path if path.is_file() else None
 
 

@@ -19,14 +19,14 @@ import contextlib
 import hashlib
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
 import torch
 from safetensors import SafetensorError
 
-from specdec.drafters import Vocabulary, from_spec
+from specdec.drafters import DraftSpec, Vocabulary, from_spec
 from specdec.models import aligned, cache, convert, entries, formats, gguf_read, hub, quant, quant_store
 from specdec.models.cache import Progress
 from specdec.models.speed import apply_speed_levers
@@ -388,9 +388,22 @@ def load_draft(spec: str, target: LoadedModel, *, dtype="auto", bridge: Vocabula
 
     A model draft loads with `load` (`load_model`, or a ModelPool's `get`) in `dtype`, apart from the target's:
     "auto" = the fastest format measured here for a draft (`resolve_dtype`, role "draft"). bridge: how a model
-    draft meets the target's ids, a `specdec.drafters.Vocabulary`.
+    draft meets the target's ids, a `specdec.drafters.Vocabulary`. A catalogue draft of the catalogue target's
+    tokenizer family drafts over the frequent-token set shipped for it (`shipped_vocabulary`).
     """
     vocabulary = Vocabulary.of(bridge, "bridge")
+    spec = shipped_vocabulary(DraftSpec.parse(spec), target, vocabulary)
     return from_spec(spec, target, load=lambda name: load(name, dtype=dtype, device=device, progress=progress,
                                                           role="draft"),
                      vocabulary=vocabulary)
+
+
+def shipped_vocabulary(spec: DraftSpec, target: LoadedModel, vocabulary: Vocabulary = Vocabulary.AUTO) -> DraftSpec:
+    """`spec` drafting over the frequent-token set shipped for its model's tokenizer family (FR-Spec, Zhao et al.
+    2025: the draft's LM head over a frequent subset, lossless since the target verifies) where it names a
+    catalogue draft of the catalogue target's family, meets its ids as they are and does not say `@vocab=all`;
+    else `spec` as it is."""
+    if spec.kind != "model" or spec.whole_vocabulary or vocabulary not in (Vocabulary.AUTO, Vocabulary.AS_IS):
+        return spec
+    path = entries.draft_vocabulary(spec.model, target.name)
+    return spec if path is None else replace(spec, kind="pruned", vocabulary_file=str(path))
