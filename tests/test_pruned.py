@@ -11,7 +11,7 @@ from specdec.drafters import ModelDrafter, PrunedVocabularyDrafter, SamplingPoli
 from specdec.drafters import DraftSpec, Vocabulary
 from specdec.drafters.pruned import _PRUNED, load_vocabulary
 from specdec.models import LoadedModel, entries, formats, native, quant
-from specdec.models.loading import shipped_vocabulary
+from specdec.models.loading import load_draft, shipped_vocabulary
 from specdec.testing import perturbed_copy, tiny_model
 from specdec.training.prune import CORE, build_vocabulary, frequent_vocabulary, save_vocabulary
 from test_sampling import TEMPERATURE, TOP_P, chi_square_p_value, draw_first_two, exact_law_of_two_tokens
@@ -197,3 +197,13 @@ def test_a_catalogue_draft_drafts_over_its_familys_shipped_set_unless_told_other
         assert shipped_vocabulary(spec, target, Vocabulary.of(bridge)) == spec, text
     custom_target = LoadedModel("runs/my-target", None, None, "test", "runs/my-target", "float32")
     assert shipped_vocabulary(DraftSpec.parse(draft), custom_target) == DraftSpec.parse(draft)
+
+
+def test_distillation_loads_the_catalogue_draft_itself(pair):
+    """`shipped_set=False` (what `distill` asks for): the model, which training changes, not a drafter over it."""
+    target, draft = pair
+    loaded_target = LoadedModel(entries.default_name("target"), target, None, "test", "target", "float32")
+    name = entries.default_name("draft")
+    loaded = load_draft(name, loaded_target, bridge=Vocabulary.AS_IS, shipped_set=False,
+                        load=lambda spec, **options: LoadedModel(spec, draft, None, "test", spec, "float32"))
+    assert isinstance(loaded, LoadedModel) and loaded.name == name

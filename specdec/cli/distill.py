@@ -116,7 +116,7 @@ def run(args) -> int:
                          "folder, hub id or aligned:NAME), not lookup, self:L, +lookup or @vocab=")
     check_run_folder(Path(args.out), args.resume, args.overwrite)
     target = load_model(args.target, dtype=args.dtype, role="train")
-    draft = load_draft(args.draft, target, dtype=target.dtype, bridge=Vocabulary.AS_IS)
+    draft = load_draft(args.draft, target, dtype=target.dtype, bridge=Vocabulary.AS_IS, shipped_set=False)
     check_vocabularies(target.model, draft.model)
     report = distill_to_folder(target, draft, [encode(p, target.tokenizer) for p in train],
                                [encode(p, target.tokenizer) for p in held_out], config, Path(args.out),

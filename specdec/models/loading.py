@@ -383,16 +383,18 @@ def add_model_arguments(parser, *, target_default: str | None = None) -> None:
 
 
 def load_draft(spec: str, target: LoadedModel, *, dtype="auto", bridge: Vocabulary | str = Vocabulary.AUTO,
-               device: str = "auto", load=load_model, progress: Progress | None = None):
+               device: str = "auto", load=load_model, progress: Progress | None = None, shipped_set: bool = True):
     """A draft for `target` by `specdec.drafters.from_spec`: "lookup", "self:L", "MODEL+lookup" or a model.
 
     A model draft loads with `load` (`load_model`, or a ModelPool's `get`) in `dtype`, apart from the target's:
     "auto" = the fastest format measured here for a draft (`resolve_dtype`, role "draft"). bridge: how a model
-    draft meets the target's ids, a `specdec.drafters.Vocabulary`. A catalogue draft of the catalogue target's
-    tokenizer family drafts over the frequent-token set shipped for it (`shipped_vocabulary`).
+    draft meets the target's ids, a `specdec.drafters.Vocabulary`. shipped_set: a catalogue draft of the catalogue
+    target's tokenizer family drafts over the frequent-token set shipped for it (`shipped_vocabulary`); False: the
+    model itself (what distillation trains).
     """
     vocabulary = Vocabulary.of(bridge, "bridge")
-    spec = shipped_vocabulary(DraftSpec.parse(spec), target, vocabulary)
+    spec = DraftSpec.parse(spec)
+    spec = shipped_vocabulary(spec, target, vocabulary) if shipped_set else spec
     return from_spec(spec, target, load=lambda name: load(name, dtype=dtype, device=device, progress=progress,
                                                           role="draft"),
                      vocabulary=vocabulary)
