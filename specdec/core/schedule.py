@@ -63,8 +63,9 @@ EVIDENCE = 3.0  # rounds that judged the first draft position (decayed) before a
 OPTIMISM = 0.5  # standard deviations above a_1's estimate at which a caught-up draft stays in play (k = 1)
 MARGIN = 0.05  # drafting must be predicted this much faster than a plain step to be chosen (noise, misprediction)
 SPREAD_MIN = 0.05  # variance of the drafted tokens per round below which the overheads are not split by a line
-STOP_BELOW = 0.4  # greedy, k="auto": a round's drafting ends after a token the draft gives less probability
-GO_ON_ABOVE = 0.9  # greedy, k="auto": past the k chosen, drafting goes on (to K_AUTO_MAX) while tokens get more
+STOP_BELOW = 0.5  # greedy, k="auto": a round's drafting ends after a token the draft gives less probability
+GO_ON_ABOVE = 0.8  # greedy, k="auto": past the k chosen, drafting goes on (to K_AUTO_MAX) while tokens get more
+# (both chosen on the suites' dev split, docs/performance.md "The confidence thresholds again")
 
 
 def mean_draft_length(rounds: list[Round]) -> int:
