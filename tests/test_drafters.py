@@ -249,22 +249,75 @@ def test_one_vocabulary_type_for_the_factory_the_loader_and_the_app(pair):
     assert [str(mode) for mode in Vocabulary] == list(VOCABULARIES)
 
 
-def test_a_greedy_model_draft_stops_after_a_token_it_is_unsure_of(pair):
-    """SamplingPolicy.stop_below: greedy, the proposal ends after the first token the draft gives less probability
-    (k = "auto" sets it, `schedule.STOP_BELOW`); a fixed k, or sampling, drafts all n."""
+def test_one_more_draft_token_pays_where_it_raises_the_rounds_tokens_per_second():
+    """SamplingPolicy.pays, by hand: rounds of 0, 1, 2 drafts priced 1.0, 1.3, 1.6 s; after a token the draft gave
+    q = 0.5, a round of one draft yields 1.5 tokens (1.154/s) and of two 1.75 (1.094/s): it does not pay; after
+    q = 0.9, 1.9 (1.462/s) against 2.71 (1.694/s): it does. Nothing pays past the prices given; without prices, or
+    sampling, everything does."""
+    priced = SamplingPolicy(0.0, 1.0, torch.Generator(), 128, round_s=(1.0, 1.3, 1.6))
+    assert not priced.pays([0.5]) and priced.pays([0.9])
+    assert not priced.pays([0.9, 0.99])  # a third draft has no price: never drafted
+    assert priced.after([0.9]).pays([]) is priced.pays([0.9]) is True  # a proposal in parts: the head's counted
+    assert not priced.after([0.9]).pays([0.99])
+    assert SamplingPolicy(0.0, 1.0, torch.Generator(), 128).pays([0.01])
+    assert SamplingPolicy(0.8, 1.0, torch.Generator(), 128, round_s=(1.0, 1.3, 1.6)).pays([0.01])
+
+
+def _rule_stop(confidences: list[float], round_s: tuple[float, ...]) -> int:
+    """Tokens a greedy draft with these confidences drafts under `round_s` (the rule written out again)."""
+    for drafted in range(1, len(confidences) + 1):
+        passes = math.prod(confidences[:drafted])
+        expected = 1.0 + sum(math.prod(confidences[:i]) for i in range(1, drafted + 1))
+        if drafted + 1 >= len(round_s) or \
+                (expected + passes * confidences[drafted - 1]) / round_s[drafted + 1] <= expected / round_s[drafted]:
+            return drafted
+    return len(confidences)
+
+
+def test_a_greedy_model_draft_ends_where_one_more_token_is_priced_not_to_pay(pair):
+    """SamplingPolicy.round_s (k = "auto" sets it each round): greedy, the proposal ends at the first token after
+    which one more is predicted to lower the round's tokens per second; the tokens drafted are the ones an unpriced
+    proposal begins with. Free drafting drafts all n, dear drafting one; sampling always all n."""
     target, draft = pair
     context = [1, 5, 9, 13]
     vocab = target.get_output_embeddings().weight.shape[0]
-    for stop_below, temperature, expected in ((0.0, 0.0, 6), (1.01, 0.0, 1), (1.01, 0.8, 6)):
-        policy = SamplingPolicy(temperature, 1.0, torch.Generator().manual_seed(0), vocab, stop_below)
+    free, dear = (1.0,) * 8, tuple(1.0 + 100.0 * j for j in range(8))
+    for round_s, temperature, expected in ((free, 0.0, 6), (dear, 0.0, 1), (dear, 0.8, 6)):
+        policy = SamplingPolicy(temperature, 1.0, torch.Generator().manual_seed(0), vocab, round_s=round_s)
         proposal = ModelDrafter(draft).propose(context, 6, policy)
         assert len(proposal.token_ids) == proposal.forwards == len(proposal.p_draft) == expected
-    probs = ModelDrafter(draft).propose(context, 6, SamplingPolicy(0.0, 1.0, torch.Generator(), vocab)).p_draft
-    chosen = probs.max(-1).values  # [6]: greedy takes each row's argmax
-    threshold = float(chosen[2]) + 1e-6  # just above the third token's probability
-    policy = SamplingPolicy(0.0, 1.0, torch.Generator(), vocab, threshold)
-    stopped = ModelDrafter(draft).propose(context, 6, policy)
-    assert len(stopped.token_ids) == next(i + 1 for i, p in enumerate(chosen.tolist()) if p < threshold)
+    longest = ModelDrafter(draft).propose(context, 6, SamplingPolicy(0.0, 1.0, torch.Generator(), vocab))
+    confidences = longest.p_draft.max(-1).values.tolist()  # [6]: greedy takes each row's argmax
+    stops = set()
+    for step in (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.1):  # a draft token's price (the tiny draft is far from sure)
+        round_s = tuple(1.0 + step * j for j in range(8))
+        policy = SamplingPolicy(0.0, 1.0, torch.Generator(), vocab, round_s=round_s)
+        priced = ModelDrafter(draft).propose(context, 6, policy)
+        assert len(priced.token_ids) == _rule_stop(confidences, round_s)
+        assert priced.token_ids == longest.token_ids[:len(priced.token_ids)]
+        stops.add(len(priced.token_ids))
+    assert len(stops) > 1  # the prices, not a threshold, moved the stop
+
+
+def test_the_hybrids_model_proposal_made_in_parts_is_priced_as_the_model_alone(pair):
+    """Where a copy is at hand but the model's first tokens do not start it, the hybrid drafts the model's proposal in
+    two parts (the head, then the rest after it); priced, it ends where the model alone's would: the head's
+    confidences count in the rest's price (`SamplingPolicy.after`)."""
+    target, draft = pair
+    vocab = target.get_output_embeddings().weight.shape[0]
+    start = [1, 5, 9, 13]
+    lengths = set()
+    for step in (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2):
+        policy = SamplingPolicy(0.0, 1.0, torch.Generator(), vocab, round_s=tuple(1.0 + step * j for j in range(9)))
+        hybrid = HybridDrafter(ModelDrafter(draft))
+        first = hybrid.propose(start, 2, policy)  # nothing to copy yet: the model's, which then passes
+        context = start + first.token_ids + [1, 5, 9]  # [1, 5, 9] repeats: a copy of [13, ...] is at hand
+        ours = hybrid.propose(context, 6, policy)
+        alone = ModelDrafter(draft).propose(context, 6, policy)
+        assert ours.source == "model" and ours.token_ids[:2] != [13, *first.token_ids][:2]
+        assert ours.token_ids == alone.token_ids
+        lengths.add(len(ours.token_ids))
+    assert max(lengths) > 2 and min(lengths) < 6  # the rest was drafted, and a price ended a proposal
 
 
 def test_a_sure_greedy_model_draft_goes_on_past_n_up_to_most(pair):
@@ -278,11 +331,11 @@ def test_a_sure_greedy_model_draft_goes_on_past_n_up_to_most(pair):
     chosen = longest.p_draft.max(-1).values.tolist()  # [6]: the probability of each greedy token
     for go_on_above, temperature, most, expected in ((math.inf, 0.0, 6, 2), (-1.0, 0.0, 6, 6), (-1.0, 0.0, 4, 4),
                                                      (-1.0, 0.8, 6, 2), (-1.0, 0.0, 0, 2)):
-        policy = SamplingPolicy(temperature, 1.0, torch.Generator().manual_seed(0), vocab, 0.0, go_on_above, most)
+        policy = SamplingPolicy(temperature, 1.0, torch.Generator().manual_seed(0), vocab, go_on_above, most)
         proposal = ModelDrafter(draft).propose(context, 2, policy)
         assert len(proposal.token_ids) == proposal.forwards == len(proposal.p_draft) == expected
     threshold = sorted(chosen[1:5])[1]  # a token past the second is drafted while the one before got more than this
-    policy = SamplingPolicy(0.0, 1.0, torch.Generator(), vocab, 0.0, threshold).capped(6)
+    policy = SamplingPolicy(0.0, 1.0, torch.Generator(), vocab, threshold).capped(6)
     extended = ModelDrafter(draft).propose(context, 2, policy)
     assert len(extended.token_ids) == next((i for i in range(2, 6) if chosen[i - 1] <= threshold), 6)
     assert extended.token_ids == longest.token_ids[:len(extended.token_ids)]
@@ -295,7 +348,7 @@ def test_a_model_draft_proposes_nothing_after_an_end_of_sequence(pair, temperatu
     target, draft = pair
     context = [1, 5, 9, 13]
     vocab = target.get_output_embeddings().weight.shape[0]
-    policy = SamplingPolicy(temperature, 1.0, torch.Generator().manual_seed(0), vocab, 0.0, -1.0, 6)
+    policy = SamplingPolicy(temperature, 1.0, torch.Generator().manual_seed(0), vocab, -1.0, 6)
     drafted = ModelDrafter(draft).propose(context, 6, policy).token_ids
     end = drafted[2]
     cut = drafted[:drafted.index(end) + 1]  # up to its first occurrence

@@ -208,11 +208,11 @@ def test_k_auto_is_lossless(models):
 
 def test_k_auto_drafts_past_the_k_chosen_while_the_draft_is_sure_and_stays_lossless(models, monkeypatch):
     """schedule.GO_ON_ABOVE: a sure draft goes on past the controller's k, to K_AUTO_MAX but never past the tokens
-    left; the output stays the target's. Here every token counts as sure (and none as unsure)."""
+    left; the output stays the target's. Here every token counts as sure, and every one as paying (no prices)."""
     from specdec.core import schedule
     from specdec.core.limits import K_AUTO_MAX
     monkeypatch.setattr(schedule, "GO_ON_ABOVE", -1.0)
-    monkeypatch.setattr(schedule, "STOP_BELOW", 0.0)
+    monkeypatch.setattr(schedule.AdaptiveK, "round_times", lambda self, most: ())
     result = speculative_generate(models["target"], models["self"], PROMPT, k="auto", max_new_tokens=37,
                                   eos_token_id=[])
     assert result.token_ids == models["expected_37"]

@@ -6,7 +6,7 @@ The interface (a `typing.Protocol`, no base class needed) is three methods and w
   request: a drafter reused across requests never reads a prompt's prefix for free, nor counts old forwards);
 - `prefill(prompt_ids)`: read the prompt ahead of the first round (may do nothing);
 - `propose(context_ids, n, policy) -> Proposal`: up to n tokens that continue `context_ids` (a model draft may end
-  sooner, or go on to `policy.most` when sure: `SamplingPolicy.goes_on`);
+  sooner where one more is priced not to pay, or go on to `policy.most` when sure: `SamplingPolicy.goes_on`);
 - `forwards`: draft model forwards so far, prefill included (0 for a model-free drafter; the stats count them);
 - `model`: the causal LM it drafts with, or None (the calibration times it, the bench fingerprints it);
 - `cost_key`: its kind and the settings its cost depends on (with its model's identity, the calibration's
@@ -36,10 +36,12 @@ class SamplingPolicy:
     top_p: float  # nucleus mass kept, 1.0 = off (ignored when greedy)
     generator: torch.Generator  # the one RNG of a generation (seeded => reproducible)
     vocab_size: int  # the target's vocabulary size: every distribution lives over it
-    stop_below: float = 0.0  # greedy: a model draft ends its proposal after a token it gives less probability
     go_on_above: float = math.inf  # greedy: past the n asked, a model draft goes on while its tokens get more ...
     most: int = 0  # ... up to this many tokens in all (the engine sets it each round; 0 = n, never past it)
     ends: frozenset[int] = frozenset()  # the target's end-of-sequence ids: a draft proposes nothing after one
+    round_s: tuple[float, ...] = ()  # greedy: predicted seconds of a round of j drafts, j = 0.. (k="auto" sets it
+    # each round): a model draft ends where one more token is priced to lower the round's tokens per second (`pays`)
+    before: tuple[float, ...] = ()  # the confidences of this round's tokens drafted before (a proposal made in parts)
 
     @property
     def greedy(self) -> bool:
@@ -49,30 +51,54 @@ class SamplingPolicy:
         """[..., V] logits -> [..., V] probabilities (softmax at T=1 when greedy, for the trace)."""
         return logits_to_probs(logits, self.temperature, 1.0 if self.greedy else self.top_p)
 
-    def stops_after(self, prob: float) -> bool:
-        """Whether a greedy model draft ends its proposal after a token it gave probability `prob`."""
-        return self.greedy and prob < self.stop_below
+    def pays(self, confidences: list[float]) -> bool:
+        """Whether a greedy draft that gave this round's tokens so far `confidences` (its probability of each,
+        `before` first) is predicted to raise the round's tokens per second by drafting one more:
+        (E_j + P_j·q_j) / round_s[j + 1] against E_j / round_s[j], where P_i = q_1···q_i is the chance that the
+        first i pass, E_j = 1 + P_1 + ... + P_j the tokens a round of j drafts yields, and the last token's
+        confidence q_j stands for the next one's. Always without prices (a fixed k, sampling)."""
+        if not self.round_s or not self.greedy:
+            return True
+        confidences = [*self.before, *confidences]
+        drafted = len(confidences)
+        if drafted + 1 >= len(self.round_s):
+            return False
+        passes = expected = 1.0
+        for confidence in confidences:
+            passes *= confidence
+            expected += passes
+        return (expected + passes * confidences[-1]) * self.round_s[drafted] > expected * self.round_s[drafted + 1]
 
-    def goes_on(self, tokens: list[int], n: int, prob: float) -> bool:
-        """Whether a model draft asked for n tokens drafts another after `tokens`, the last given probability
-        `prob`: never after an end of sequence (the output ends there if it passes, so no later token is ever
-        emitted); up to n unless it `stops_after` that token; past n (greedy) only while each is surer than
-        go_on_above, up to `most`."""
+    def goes_on(self, tokens: list[int], n: int, confidences: list[float]) -> bool:
+        """Whether a model draft asked for n tokens drafts another after `tokens`, to which it gave `confidences`:
+        never after an end of sequence (the output ends there if it passes, so no later token is ever emitted); up
+        to n while another `pays`; past n (greedy) only while each is surer than go_on_above and another pays, up to
+        `most`."""
         drafted = len(tokens)
         if tokens[-1] in self.ends:
             return False
         if drafted < n:
-            return not self.stops_after(prob)
-        return self.greedy and drafted < self.most and prob > self.go_on_above
+            return self.pays(confidences)
+        return self.greedy and drafted < self.most and confidences[-1] > self.go_on_above and self.pays(confidences)
+
+    def confidences(self, proposal: "Proposal") -> list[float]:
+        """The draft's probability of each token of `proposal` (1.0 where it drew none: a copy is a point mass)."""
+        rows = proposal.draft_distributions(self.vocab_size)
+        return [float(rows[i, token]) for i, token in enumerate(proposal.token_ids)]
 
     def up_to_end(self, tokens: list[int]) -> list[int]:
         """`tokens` up to and including the first end of sequence: the part of a copy that could be emitted."""
         end = next((i + 1 for i, t in enumerate(tokens) if t in self.ends), len(tokens))
         return tokens[:end]
 
-    def capped(self, most: int) -> "SamplingPolicy":
-        """This policy for a round whose draft may go on (when sure) up to `most` tokens."""
-        return replace(self, most=most)
+    def capped(self, most: int, round_s: tuple[float, ...] | None = None) -> "SamplingPolicy":
+        """This policy for a round whose draft may go on (when sure) up to `most` tokens, priced by `round_s` (None:
+        as it is)."""
+        return replace(self, most=most, round_s=self.round_s if round_s is None else round_s)
+
+    def after(self, confidences: list[float]) -> "SamplingPolicy":
+        """This policy for the rest of a round whose draft already gave tokens these `confidences`."""
+        return replace(self, before=(*self.before, *confidences))
 
     def choose(self, logits: torch.Tensor, probs: torch.Tensor) -> int:
         """Pick one token from [V] logits/probs: argmax when greedy, else a draw from probs."""
@@ -172,7 +198,7 @@ class ModelDrafter:
         return self.lm.prefill(prompt_ids)
 
     def propose(self, context_ids: list[int], n: int, policy: SamplingPolicy) -> Proposal:
-        tokens, rows, ids, elapsed = [], [], None, 0.0
+        tokens, rows, confidences, ids, elapsed = [], [], [], None, 0.0
         feed = self.lm.pending(context_ids)
         for _ in range(max(n, policy.most)):
             logits, seconds = self.lm.forward(feed)
@@ -182,9 +208,10 @@ class ModelDrafter:
             index = policy.choose(candidates, probs)
             tokens.append(index if ids is None else int(ids[index]))
             rows.append(probs)
+            confidences.append(float(probs[index]))
             feed = tokens[-1:]
-            if not policy.goes_on(tokens, n, float(probs[index])):
-                break  # n drafted, an end of sequence, or an unsure token (the ones after it would rarely pass)
+            if not policy.goes_on(tokens, n, confidences):
+                break  # n drafted, an end of sequence, or one more token priced not to pay
         p_draft = over_target_vocab(torch.stack(rows), ids, policy.vocab_size) if rows else None  # [len, V_target]
         return Proposal(tokens, p_draft, elapsed, len(tokens))
 

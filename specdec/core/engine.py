@@ -135,7 +135,7 @@ def _generate(target_model, drafter, input_ids, schedule, max_new_tokens, temper
               eos_token_id, tokenizer, costs, budget) -> Rounds:
     prompt = prepare_prompt(input_ids, target_model, tokenizer, max_new_tokens, schedule.k_max)
     budget.check_prompt(len(prompt))
-    policy = _policy(target_model, temperature, top_p, seed, schedule.stop_below, schedule.go_on_above,
+    policy = _policy(target_model, temperature, top_p, seed, schedule.go_on_above,
                      resolve_eos(target_model, eos_token_id))
     verifier = CachedLM(target_model)
     drafter.reset()  # a drafter reused from an earlier request starts empty, as the verifier does
@@ -150,7 +150,8 @@ def _generate(target_model, drafter, input_ids, schedule, max_new_tokens, temper
         room = max_new_tokens - len(emitted) - 1  # leave room for the target's token
         n, most = min(schedule.next_k(), room), min(schedule.k_max, room)  # asked, and the most a sure draft goes on to
         copied = _copy(drafter, schedule, prompt + emitted, most, policy, n) if n <= 1 else None
-        round_ = _round(verifier, drafter, prompt + emitted, n, policy.capped(most), copied)
+        priced = policy.capped(most, schedule.round_times(most))  # the most a sure draft goes on to, each token priced
+        round_ = _round(verifier, drafter, prompt + emitted, n, priced, copied)
         schedule.observe(round_)
         rounds.append(round_)
         emitted.extend(round_.emitted_token_ids)
@@ -250,8 +251,8 @@ def _verify(drafts, target_logits, p_draft, p_target, policy: SamplingPolicy) ->
     return verify_sampling(drafts, p_draft, p_target, policy.generator)
 
 
-def _policy(target_model, temperature: float, top_p: float, seed: int | None, stop_below: float,
-            go_on_above: float, eos: set[int]) -> SamplingPolicy:
+def _policy(target_model, temperature: float, top_p: float, seed: int | None, go_on_above: float,
+            eos: set[int]) -> SamplingPolicy:
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
     if not 0 < top_p <= 1:
@@ -259,4 +260,4 @@ def _policy(target_model, temperature: float, top_p: float, seed: int | None, st
     generator = torch.Generator()
     generator.manual_seed(seed if seed is not None else int(torch.randint(2**62, (1,))))
     vocab_size = target_model.get_output_embeddings().weight.shape[0]
-    return SamplingPolicy(temperature, top_p, generator, vocab_size, stop_below, go_on_above, ends=frozenset(eos))
+    return SamplingPolicy(temperature, top_p, generator, vocab_size, go_on_above, ends=frozenset(eos))

@@ -37,13 +37,16 @@ prompt lookup, `copy`), the engine asks `copy_k` how many of the copied tokens t
 without draft forwards, from the copy rounds' own per-position rates (kept apart from the model's; Laplace's 1/2
 before any), against the round chosen; such a copy round counts for the model as time without drafting.
 
-Under greedy decoding the draft's confidence bends k both ways: a model draft ends its proposal after a token it
-gives less than STOP_BELOW probability (an unsure token rarely passes, and the ones drafted after it pass less often
-still: the confidence stop of Hugging Face's assisted generation), and goes on past k, up to K_AUTO_MAX, while each
-token it drafts gets more than GO_ON_ABOVE (a run of sure tokens, a copy or boilerplate, passes at rates the
-position counts, made of every round, understate; EAGLE-2's dynamic draft trees rest on the same signal, a draft's
-confidence tracking its acceptance). Tokens drafted past k are counted at their positions like any others. A fixed k
-always drafts k.
+Under greedy decoding the draft's confidence bends k both ways. A model draft prices every token it drafts: it
+drafts one more only while that is predicted to raise the round's tokens per second, E_j / time_j against
+(E_j + P_j·q_j) / time_(j+1), where q_i is the probability the draft gave its i-th token, P_j = q_1···q_j the chance
+the first j pass, E_j = 1 + P_1 + ... + P_j and time_j the round's price above (`SamplingPolicy.pays`; the last
+token's confidence stands for the next one's). So an unsure token ends a round sooner where drafting is dear (a
+costly draft, a steep v), later where it is cheap: the price, not a threshold, decides. And it goes on past k, up to
+K_AUTO_MAX, while each token it drafts gets more than GO_ON_ABOVE and the next still pays (a run of sure tokens, a
+copy or boilerplate, passes at rates the position counts, made of every round, understate; EAGLE-2's dynamic draft
+trees and SpecDec++'s stopping rule rest on the same signal, a draft's confidence tracking its acceptance). Tokens
+drafted past k are counted at their positions like any others. A fixed k always drafts k.
 """
 from __future__ import annotations
 
@@ -63,9 +66,8 @@ EVIDENCE = 3.0  # rounds that judged the first draft position (decayed) before a
 OPTIMISM = 0.5  # standard deviations above a_1's estimate at which a caught-up draft stays in play (k = 1)
 MARGIN = 0.05  # drafting must be predicted this much faster than a plain step to be chosen (noise, misprediction)
 SPREAD_MIN = 0.05  # variance of the drafted tokens per round below which the overheads are not split by a line
-STOP_BELOW = 0.5  # greedy, k="auto": a round's drafting ends after a token the draft gives less probability
 GO_ON_ABOVE = 0.8  # greedy, k="auto": past the k chosen, drafting goes on (to K_AUTO_MAX) while tokens get more
-# (both chosen on the suites' dev split, docs/performance.md "The confidence thresholds again")
+# (chosen on the suites' dev split, docs/performance.md "The confidence thresholds again"), and while it pays
 
 
 def mean_draft_length(rounds: list[Round]) -> int:
@@ -74,8 +76,7 @@ def mean_draft_length(rounds: list[Round]) -> int:
 
 
 class FixedK:
-    stop_below = 0.0  # a fixed k drafts k tokens, however unsure ...
-    go_on_above = math.inf  # ... and never more, however sure
+    go_on_above = math.inf  # a fixed k drafts k tokens, never more however sure (and never fewer: no prices)
 
     def __init__(self, k: int):
         self.k = self.k_max = k
@@ -88,6 +89,9 @@ class FixedK:
 
     def copy_k(self, available: int, k: int = 0) -> int:
         return 0  # a fixed k never adds copy rounds
+
+    def round_times(self, most: int) -> tuple[float, ...]:
+        return ()  # no prices: every round drafts k
 
     def observe(self, round_: Round) -> None:
         pass
@@ -139,8 +143,7 @@ class AdaptiveK:
     def __init__(self, costs: CostModel | None = None, k_max: int = K_AUTO_MAX):
         self.costs = costs  # calibrated v(n) and c: v's shape, and the prices until this run has measured its own
         self.k_max = k_max
-        self.stop_below = STOP_BELOW  # a round's drafting ends after a token the draft is this unsure of ...
-        self.go_on_above = GO_ON_ABOVE  # ... and goes on past the k chosen (to k_max) while this sure
+        self.go_on_above = GO_ON_ABOVE  # a round's drafting goes on past the k chosen (to k_max) while this sure
         self.reached = [0.0] * k_max  # decayed count of rounds that reached draft position i
         self.accepted = [0.0] * k_max  # decayed count of rounds that accepted it
         self.copy_reached = [0.0] * k_max  # the same for copy rounds' position i (a source of its own)
@@ -256,6 +259,10 @@ class AdaptiveK:
         """Predicted seconds of a round with k drafts: step·v(k+1) + k·(draft + extra) + base."""
         step = self._price("step")
         return step * self._v(k + 1) + k * (self._price("draft") + self._price("extra")) + self._price("base")
+
+    def round_times(self, most: int) -> tuple[float, ...]:
+        """`round_time` of k = 0..most: what a greedy draft prices one more token with (`SamplingPolicy.pays`)."""
+        return tuple(self.round_time(k) for k in range(most + 1))
 
     def _price(self, name: str) -> float:
         if name in ("base", "extra") and self.prices.base is None and (fit := self.overheads.fitted()) is not None:

@@ -71,10 +71,11 @@ class HybridDrafter:
             tail = Proposal(copied.token_ids[AGREE_BEFORE_COPY:], None)
             self.last_copy = (len(context_ids) + AGREE_BEFORE_COPY, tail.token_ids)
             return _joined(head, tail, policy, "model+lookup")
-        if len(head.token_ids) < AGREE_BEFORE_COPY or _ended(head, policy):
+        confidences = policy.confidences(head)
+        if len(head.token_ids) < AGREE_BEFORE_COPY or not policy.goes_on(head.token_ids, n, confidences):
             return head  # the model stopped there, as it would have drafting alone
         rest = self._modelled(context_ids + head.token_ids, n - AGREE_BEFORE_COPY,
-                              policy.capped(policy.most - AGREE_BEFORE_COPY), 0.0)
+                              policy.after(confidences).capped(policy.most - AGREE_BEFORE_COPY), 0.0)
         self.last_model = (len(context_ids), head.token_ids + rest.token_ids)
         return _joined(head, rest, policy, "model")
 
@@ -120,13 +121,3 @@ def _joined(head: Proposal, tail: Proposal, policy: SamplingPolicy, source: str)
     return Proposal(head.token_ids + tail.token_ids, rows, head.time_s + tail.time_s, head.forwards + tail.forwards,
                     source=source)
 
-
-def _ended(proposal: Proposal, policy: SamplingPolicy) -> bool:
-    """Whether a model proposal ended on a token after which the model drafts no further: an end of sequence, or one
-    it was unsure of (`SamplingPolicy.stops_after`; a proposal without probabilities never is)."""
-    if not proposal.token_ids:
-        return False
-    last = proposal.token_ids[-1]
-    if last in policy.ends:
-        return True
-    return proposal.p_draft is not None and policy.stops_after(float(proposal.p_draft[-1, last]))
