@@ -81,11 +81,6 @@ class SamplingPolicy:
             return self.pays(confidences)
         return self.greedy and drafted < self.most and confidences[-1] > self.go_on_above and self.pays(confidences)
 
-    def confidences(self, proposal: "Proposal") -> list[float]:
-        """The draft's probability of each token of `proposal` (1.0 where it drew none: a copy is a point mass)."""
-        rows = proposal.draft_distributions(self.vocab_size)
-        return [float(rows[i, token]) for i, token in enumerate(proposal.token_ids)]
-
     def up_to_end(self, tokens: list[int]) -> list[int]:
         """`tokens` up to and including the first end of sequence: the part of a copy that could be emitted."""
         end = next((i + 1 for i, t in enumerate(tokens) if t in self.ends), len(tokens))
@@ -124,6 +119,13 @@ class Proposal:
         one_hot = torch.zeros(len(self.token_ids), vocab_size)
         one_hot[torch.arange(len(self.token_ids)), torch.tensor(self.token_ids, dtype=torch.long)] = 1.0
         return one_hot
+
+    def token_probs(self) -> list[float]:
+        """The probability each token was drawn with (its draft's confidence): p_draft at the token, 1.0 for a point
+        mass (a drafter without probabilities)."""
+        if self.p_draft is None:
+            return [1.0] * len(self.token_ids)
+        return self.p_draft[torch.arange(len(self.token_ids)), torch.tensor(self.token_ids, dtype=torch.long)].tolist()
 
 
 @runtime_checkable

@@ -212,7 +212,7 @@ def _round(verifier: CachedLM, drafter: Drafter, context: list[int], n: int,
     ids = torch.tensor(drafts, dtype=torch.long)
     return Round(
         draft_token_ids=drafts,
-        draft_probs=p_draft[rows, ids].tolist(),
+        draft_probs=proposal.token_probs(),
         target_probs=p_target[rows, ids].tolist(),
         matches=verdict.matches,
         num_accepted=verdict.num_accepted,

@@ -71,7 +71,7 @@ class HybridDrafter:
             tail = Proposal(copied.token_ids[AGREE_BEFORE_COPY:], None)
             self.last_copy = (len(context_ids) + AGREE_BEFORE_COPY, tail.token_ids)
             return _joined(head, tail, policy, "model+lookup")
-        confidences = policy.confidences(head)
+        confidences = head.token_probs()
         if len(head.token_ids) < AGREE_BEFORE_COPY or not policy.goes_on(head.token_ids, n, confidences):
             return head  # the model stopped there, as it would have drafting alone
         rest = self._modelled(context_ids + head.token_ids, n - AGREE_BEFORE_COPY,
