@@ -169,3 +169,40 @@ def test_speculative_decoding_with_both_own_forwards_equals_the_target_alone(mon
         result = speculative_generate(target, draft, CONTEXT, k=k, max_new_tokens=40, eos_token_id=[])
         assert result.token_ids == alone
         assert 0 < result.stats.accepted_tokens < result.stats.draft_tokens or k == "auto"
+
+
+@pytest.mark.skipif(native.library() is None, reason="the compiled product is not built here")
+def test_a_4bit_drafts_prompt_runs_on_int8_copies_from_the_rows_timed_faster(monkeypatch):
+    """Where an int8 copy is timed faster from some row count (`native.copy_rows`, 4 here), a 4-bit draft's layers
+    but its head hold one: a forward of that many rows (a prompt) runs each product on it, outside the one-call
+    layer, within rounding of the 4-bit rows; fewer rows (steps, catch-ups) run the 4-bit product as before. Where
+    no count was timed faster, nothing is copied. Decoding with such a draft still equals the target alone."""
+    monkeypatch.setattr(native, "copy_rows", lambda: None)
+    plain = int8_model("qwen2", "int4-dynamic")
+    assert not any(getattr(m, "copy", None) for m in plain.modules()) and CachedLM(plain).plan.copy_rows is None
+    monkeypatch.setattr(native, "copy_rows", lambda: 4)
+    copied = int8_model("qwen2", "int4-dynamic")
+    held = [m for m in copied.modules() if hasattr(m, "copy")]
+    head = {*copied.get_output_embeddings().modules()}
+    assert all((m.copy is None) == (m in head) for m in held) and len(held) > len(head)
+    x = torch.randn(4, held[0].in_features, generator=torch.Generator().manual_seed(0))
+    layer = next(m for m in held if m.copy is not None)
+    assert torch.equal(layer(x[:3]), native.linear4(x[:3], layer.packed, layer.bias))
+    assert torch.equal(layer(x), native.linear(x, *layer.copy, layer.bias))
+
+    on_copies, on_4bit = CachedLM(copied), CachedLM(plain)
+    assert on_copies.plan.copy_rows == 4
+    one_call = native.draft_layer
+    calls = []
+    monkeypatch.setattr(native, "draft_layer", lambda *args: calls.append(len(args[0])) or one_call(*args))
+    prompt, reference = on_copies.forward(CONTEXT)[0], on_4bit.forward(CONTEXT)[0]
+    assert calls == [len(CONTEXT)] * len(on_4bit.plan.layers)  # the 4-bit draft's alone
+    assert within_rounding(prompt, reference) and not torch.equal(prompt, reference)
+    calls.clear()
+    on_copies.forward([14, 15, 16])
+    assert calls == [3] * len(on_copies.plan.layers)  # a catch-up: the one-call layer over its rows
+
+    target = formats.to_format(tiny_model("qwen2", seed=0), "int8")
+    alone = autoregressive_generate(target, CONTEXT, max_new_tokens=30, eos_token_id=[]).token_ids
+    for k in (2, "auto"):
+        assert speculative_generate(target, copied, CONTEXT, k=k, max_new_tokens=30, eos_token_id=[]).token_ids == alone
