@@ -1,6 +1,5 @@
 """The int8 product compiled on this machine (specdec.models.native): exact sums on every path it has, the
 weight back bit for bit, built once per machine, and never run where it cannot be built."""
-import functools
 import platform
 
 import pytest
@@ -17,8 +16,7 @@ x86 = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="
 def fresh(monkeypatch, tmp_path):
     """A cache of its own and nothing built or timed yet in this process; every cached answer cleared after."""
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
-    caches = (native.library, native.build_key, native.tiles, native.tile_rows, native.pass_rows4, native.copy_rows,
-              quant.exact_for)
+    caches = (native.library, native.build_key, native.tiles, native.tile_rows, native.pass_rows4, quant.exact_for)
     for cached in caches:
         cached.cache_clear()
     yield tmp_path
@@ -75,16 +73,15 @@ def test_for_a_cpu_without_avx2_there_is_no_build_and_the_other_kernels_run(fres
 @needs_build
 def test_the_kernel_is_built_once_per_machine_and_its_row_counts_timed_once(fresh, monkeypatch):
     native.library()
-    rows, per_pass, copy_from = native.tile_rows(), native.pass_rows4(), native.copy_rows()
-    assert per_pass in native.PASS_ROWS_4 and copy_from in (*native.COPY_PROBE_ROWS, None)
+    rows, per_pass = native.tile_rows(), native.pass_rows4()
+    assert per_pass in native.PASS_ROWS_4
     built = sorted((fresh / "native").iterdir())
-    for cached in (native.library, native.tile_rows, native.pass_rows4, native.copy_rows):
+    for cached in (native.library, native.tile_rows, native.pass_rows4):
         cached.cache_clear()  # another process on this machine
-    for timed in ("_timed_tile_rows", "_timed_pass_rows4", "_timed_copy_rows"):
-        monkeypatch.setattr(native, timed, lambda: pytest.fail("timed again"))
+    monkeypatch.setattr(native, "_timed_tile_rows", lambda: pytest.fail("timed again"))
+    monkeypatch.setattr(native, "_timed_pass_rows4", lambda: pytest.fail("timed again"))
     monkeypatch.setattr(native.subprocess, "run", lambda command, **kwargs: pytest.fail("built again"))
     assert native.library() is not None and native.tile_rows() == rows and native.pass_rows4() == per_pass
-    assert native.copy_rows() == copy_from
     assert sorted((fresh / "native").iterdir()) == built
 
 
@@ -105,29 +102,11 @@ def test_the_rows_a_4_bit_pass_takes_are_the_fastest_timed_here(fresh, monkeypat
     assert native.pass_rows4() == faster and set(timed) == set(native.PASS_ROWS_4)
 
 
-@needs_build
-@pytest.mark.parametrize("faster_from", [*native.COPY_PROBE_ROWS[1:], None])
-def test_the_rows_a_4_bit_product_takes_an_int8_copy_from_are_timed_here(fresh, monkeypatch, faster_from):
-    """From how many rows a 4-bit draft's product runs on an int8 copy (a prompt's) is measured on the machine
-    (mocked timings here): the fewest probed rows where the copy was faster, or None where it never was."""
-    clock = [0.0]
-
-    def product(on_copy, x, *args):
-        copy_wins = faster_from is not None and x.shape[0] >= faster_from
-        clock[0] += 1.0 if on_copy == copy_wins else 2.0
-
-    monkeypatch.setattr(native, "linear", functools.partial(product, True))
-    monkeypatch.setattr(native, "linear4", functools.partial(product, False))
-    monkeypatch.setattr(timing, "clock", lambda device: clock[0])
-    assert native.copy_rows() == faster_from
-
-
 @pytest.mark.parametrize("compiler", [None, "false"])
 def test_without_a_compiler_or_with_a_failing_build_the_kernel_never_runs(fresh, monkeypatch, compiler):
     """No compiler, or one that fails: no kernel, not exact, so never chosen; the int8 path runs on the others."""
     monkeypatch.setattr(native, "compiler", lambda: compiler)
     assert native.library() is None and not native.tiles() and native.tile_rows() is None
-    assert native.copy_rows() is None
     with pytest.raises(RuntimeError):
         native.pack(torch.zeros(16, 64, dtype=torch.int8))
     assert not quant.exact_for("native", quant.INT8_MAX) and "native" not in quant.exact_kernels()

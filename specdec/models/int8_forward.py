@@ -12,8 +12,7 @@ only sooner (docs/performance.md, "Each int8 model's own forward"), but for a dr
 precision never changes the output, so there each norm, the rotary with the key/value write and the attention, and
 the gated product are one compiled call each (`native`: the same formulas within float rounding, without a dozen
 small ops around each), and where all four of a layer's products are 4-bit the whole layer is one call
-(`native.draft_layer`: those calls in the same order, bit for bit, without the calls from Python between them),
-but for a prompt's many rows where the products hold int8 copies (faster there on some CPUs: `native.copy_rows`).
+(`native.draft_layer`: those calls in the same order, bit for bit, without the calls from Python between them).
 
 CachedLM runs it wherever `specdec.models.quant` marked the model (`specdec.core.kv.DECODER_FLAG`: the int8 target
 with its row-by-row attention, a coupled draft with sdpa's) and this module knows the layout: DECODER_TYPES, full
@@ -109,8 +108,6 @@ class Plan:
     attention: Attention  # the one the model is configured with (`sdpa_attention`, or the int8 target's row by row)
     fused: bool = False  # a draft's: one-token steps run norms, attention and the gated product compiled (`native`)
     layers4: tuple = ()  # a 4-bit draft's, per layer: what `native.draft_layer` reads (its one-token step in one call)
-    copy_rows: int | None = None  # a 4-bit draft's: forwards of this many rows (a prompt) run `_layer`, each product
-    # on its int8 copy (`quant4.Int4DynamicLinear.hold_copy`), where every product holds one
 
     def new_cache(self) -> Cache:
         return Cache(len(self.layers))
@@ -132,8 +129,7 @@ class Plan:
     def _layer(self, layer: Layer, index: int, hidden, cos, sin, mask, cache: Cache) -> torch.Tensor:
         """One decoder layer over hidden [n, d], as transformers' llama/qwen2 layer computes it."""
         n, heads, kv_heads, dim = hidden.shape[0], self.heads, self.kv_heads, self.head_dim
-        on_copies = self.copy_rows is not None and n >= self.copy_rows
-        if self.fused and not on_copies and (n == 1 or self.layers4):
+        if self.fused and (n == 1 or self.layers4):
             return self._fused_step(layer, index, hidden, cos, sin, cache)
         qkv = layer.qkv(_rms_norm(hidden, layer.norm, layer.norm_eps))  # [n, (H + 2·H_kv)·D]
         qkv = qkv.view(n, heads + 2 * kv_heads, dim)
@@ -219,8 +215,7 @@ def decoder_for(model: torch.nn.Module, attention: Attention) -> Plan | None:
         return Plan(model, layers, base.norm.weight, base.norm.variance_epsilon, head,
                     config.num_attention_heads, config.num_key_value_heads, first.head_dim,
                     first.scaling, config.intermediate_size, attention, fused=fused,
-                    layers4=_layers4(layers, config.num_key_value_heads, first.head_dim) if fused else (),
-                    copy_rows=_copy_rows(layers) if fused else None)
+                    layers4=_layers4(layers, config.num_key_value_heads, first.head_dim) if fused else ())
     except (AttributeError, LayoutError):
         return None
 
@@ -241,14 +236,6 @@ def _layers4(layers: tuple[Layer, ...], kv_heads: int, head_dim: int) -> tuple:
         found.append(((layer.norm, layer.norm_eps, layer.post_norm, layer.post_norm_eps),
                       tuple(native.weight4(owner.packed, owner.bias) for owner in owners), like))
     return tuple(found)
-
-
-def _copy_rows(layers: tuple[Layer, ...]) -> int | None:
-    """The rows from which a draft's forward runs its products on their int8 copies (`native.copy_rows`), where
-    every product of every layer holds one; else None."""
-    owners = [getattr(linear, "__self__", None) for layer in layers
-              for linear in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-    return native.copy_rows() if all(getattr(owner, "copy", None) is not None for owner in owners) else None
 
 
 def _layer_of(layer: torch.nn.Module) -> Layer:

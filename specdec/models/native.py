@@ -47,7 +47,6 @@ TILE_ROWS = 16  # an AMX tile's rows: the rows of a product on tiles are padded 
 GROUP_4 = 32  # inputs per scale and offset of a 4-bit weight (G4 in the source)
 PASS_ROWS_4 = (8, 12)  # rows a pass of the 4-bit product may take (the source's MB4 caps it: 12 with AVX-512, 4 AVX2)
 PASS_PROBE_ROWS = (9, 12, 16, 24)  # the row counts the two are timed on: a verification of 8 to 11 drafts, a prompt
-COPY_PROBE_ROWS = (16, 32, 64)  # the prompt sizes a 4-bit draft's int8 copy is timed on (`copy_rows`)
 K_ALIGN = 64  # the input width is padded to a multiple of this (an AMX tile row: 64 bytes)
 N_ALIGN = 16  # outputs per packed block
 PROFILED_AS = "specdec::int8_product"  # the product's name in a torch.profiler trace (specdec.lab.breakdown)
@@ -169,15 +168,6 @@ def pass_rows4() -> int:
     return _timed_once("pass-rows-4", _timed_pass_rows4)
 
 
-@functools.cache
-def copy_rows() -> int | None:
-    """The fewest rows (of COPY_PROBE_ROWS) from which a 4-bit product is faster on an int8 copy of its weight
-    (`linear`) than on the 4-bit weight itself (`linear4`) here, timed once per machine and cached; None where it
-    is at none of them, or the kernel is not built here. A draft holds such a copy for its prompt
-    (`specdec.models.quant4.Int4DynamicLinear.hold_copy`) only where there is a count."""
-    return _timed_once("copy-rows", _timed_copy_rows) if library() is not None else None
-
-
 def timed_rows() -> str:
     """The row counts timed for the kernel on this machine (`tile_rows`, `pass_rows4`), for the cache keys of what
     was measured with them: a timing taken with other row counts is not read again."""
@@ -225,27 +215,6 @@ def _timed_pass_rows4() -> int:
 
     timed = medians(interleaved({rows: functools.partial(seconds, rows) for rows in PASS_ROWS_4}, TILE_PROBE_REPEATS))
     return min(PASS_ROWS_4, key=timed.get)
-
-
-def _timed_copy_rows() -> int | None:
-    generator = torch.Generator().manual_seed(0)
-    n, k = TILE_PROBE
-    fours = _probe_copies(pack4(torch.randint(0, 16, TILE_PROBE, dtype=torch.uint8, generator=generator),
-                                torch.rand(n, k // GROUP_4, generator=generator),
-                                torch.rand(n, k // GROUP_4, generator=generator)))
-    eights = _probe_copies(pack(torch.randint(-127, 128, TILE_PROBE, dtype=torch.int8, generator=generator)))
-    weight_scale = torch.rand(n, generator=generator)
-    x = torch.randn(max(COPY_PROBE_ROWS), k, generator=generator)
-
-    def seconds(m: int, on_copy: bool) -> float:
-        with Timer("cpu") as timer:
-            for four, eight in zip(fours, eights):
-                linear(x[:m], eight, weight_scale, None) if on_copy else linear4(x[:m], four, None)
-        return timer.seconds
-
-    timed = medians(interleaved({(m, c): functools.partial(seconds, m, c) for m in COPY_PROBE_ROWS
-                                 for c in (False, True)}, TILE_PROBE_REPEATS))
-    return next((m for m in COPY_PROBE_ROWS if timed[(m, True)] < timed[(m, False)]), None)
 
 
 def _timed_tile_rows() -> int:

@@ -197,18 +197,7 @@ class Int4DynamicLinear(SharedInput, torch.nn.Module):
         self.register_buffer("blocks", packed.blocks)
         self.register_buffer("scales", packed.scales)
         self.register_buffer("bias", bias)
-        self.copy: tuple[native.Packed, torch.Tensor] | None = None  # an int8 copy and its row scales (`hold_copy`)
         self.share()
-
-    def hold_copy(self) -> None:
-        """Hold an int8 copy of the weight (each row quantized alone from its 4-bit groups) that forwards of
-        `native.copy_rows()` rows or more run on: a draft's prompt, faster there on a CPU that multiplies int8 fast,
-        and closer to the float weight (a draft's numerics never change the output). Held only where such a count
-        was timed here; it takes 1.6x the 4-bit weight's memory."""
-        if native.copy_rows() is not None:
-            weight = dequantize_groups(*native.unpack4(self.packed))  # [out, in] float32
-            int8, weight_scale = quant.quantize_weight(weight)
-            self.copy = native.pack(int8), weight_scale
 
     def own_memory(self) -> None:
         """Its buffers copied into memory of its own (out of a store file's mapping), its kernel's arguments with
@@ -219,15 +208,9 @@ class Int4DynamicLinear(SharedInput, torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 2 and x.dtype == torch.float32:  # rows [M, in], as the model's own forward calls it: no reshape
-            return self._rows(x)  # (a draft step makes ~100 calls; this saves 3% of it)
-        y = self._rows(x.reshape(-1, self.in_features).float())  # [M, out]
+            return native.linear4(x, self.packed, self.bias)  # (a draft step makes ~100 calls; this saves 3% of it)
+        y = native.linear4(x.reshape(-1, self.in_features).float(), self.packed, self.bias)  # [M, out]
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
-
-    def _rows(self, x: torch.Tensor) -> torch.Tensor:
-        """[M, in] float32 -> [M, out]: on the int8 copy from `native.copy_rows()` rows, where one is held."""
-        if self.copy is not None and x.shape[0] >= native.copy_rows():
-            return native.linear(x, *self.copy, self.bias)
-        return native.linear4(x, self.packed, self.bias)
 
     def kept_rows(self, rows: torch.Tensor) -> "Int4DynamicLinear":
         """A layer computing only the output rows `rows` [S] of this one, with the same codes, scales and offsets: a
@@ -317,15 +300,11 @@ def dynamic_rows(model: torch.nn.Module) -> torch.nn.Module:
     """Turn an int4 model (`quantize_int4`, `int4_from_gguf`, `int4_from_state`, `rows_on_product`) into the
     int4-dynamic draft, in place: the same layers as `rows_on_product` makes, with SDPA attention (a one-token step
     one compiled call per layer, `native.draft_layer`). A draft's form, never a target's (SDPA's rows are not
-    one-token steps). Its head's logits are the 4-bit product's as they are (`RescoredHead.rescored` 0); its other
-    layers hold int8 copies for a prompt's rows where those are faster here (`Int4DynamicLinear.hold_copy`).
-    RuntimeError where the kernel is not built."""
+    one-token steps). Its head's logits are the 4-bit product's as they are (`RescoredHead.rescored` 0). RuntimeError
+    where the kernel is not built."""
     head = _on_product(model).get_output_embeddings()
     if isinstance(head, RescoredHead):
         head.rescored = 0
-    for layer in set(model.modules()) - set(head.modules()):  # the head computes a prompt's last row alone
-        if isinstance(layer, Int4DynamicLinear):
-            layer.hold_copy()
     return quant._attending(model, "sdpa", int8_forward.sdpa_attention)
 
 
