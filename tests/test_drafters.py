@@ -254,46 +254,47 @@ def test_one_more_draft_token_pays_where_it_raises_the_rounds_tokens_per_second(
     q = 0.5, a round of one draft yields 1.5 tokens (1.154/s) and of two 1.75 (1.094/s): it does not pay; after
     q = 0.9, 1.9 (1.462/s) against 2.71 (1.694/s): it does. Nothing pays past the prices given; without prices, or
     sampling, everything does."""
-    priced = SamplingPolicy(0.0, 1.0, torch.Generator(), 128, round_s=(1.0, 1.3, 1.6))
+    priced = SamplingPolicy(0.0, 1.0, torch.Generator(), 128, round_times=(1.0, 1.3, 1.6))
     assert not priced.pays([0.5]) and priced.pays([0.9])
     assert not priced.pays([0.9, 0.99])  # a third draft has no price: never drafted
     assert priced.after([0.9]).pays([]) is priced.pays([0.9]) is True  # a proposal in parts: the head's counted
     assert not priced.after([0.9]).pays([0.99])
     assert SamplingPolicy(0.0, 1.0, torch.Generator(), 128).pays([0.01])
-    assert SamplingPolicy(0.8, 1.0, torch.Generator(), 128, round_s=(1.0, 1.3, 1.6)).pays([0.01])
+    assert SamplingPolicy(0.8, 1.0, torch.Generator(), 128, round_times=(1.0, 1.3, 1.6)).pays([0.01])
 
 
-def _rule_stop(confidences: list[float], round_s: tuple[float, ...]) -> int:
-    """Tokens a greedy draft with these confidences drafts under `round_s` (the rule written out again)."""
+def _rule_stop(confidences: list[float], round_times: tuple[float, ...]) -> int:
+    """Tokens a greedy draft with these confidences drafts under `round_times` (the rule written out again)."""
     for drafted in range(1, len(confidences) + 1):
         passes = math.prod(confidences[:drafted])
         expected = 1.0 + sum(math.prod(confidences[:i]) for i in range(1, drafted + 1))
-        if drafted + 1 >= len(round_s) or \
-                (expected + passes * confidences[drafted - 1]) / round_s[drafted + 1] <= expected / round_s[drafted]:
+        if drafted + 1 >= len(round_times):
+            return drafted
+        if (expected + passes * confidences[drafted - 1]) / round_times[drafted + 1] <= expected / round_times[drafted]:
             return drafted
     return len(confidences)
 
 
 def test_a_greedy_model_draft_ends_where_one_more_token_is_priced_not_to_pay(pair):
-    """SamplingPolicy.round_s (k = "auto" sets it each round): greedy, the proposal ends at the first token after
+    """SamplingPolicy.round_times (k = "auto" sets it each round): greedy, the proposal ends at the first token after
     which one more is predicted to lower the round's tokens per second; the tokens drafted are the ones an unpriced
     proposal begins with. Free drafting drafts all n, dear drafting one; sampling always all n."""
     target, draft = pair
     context = [1, 5, 9, 13]
     vocab = target.get_output_embeddings().weight.shape[0]
     free, dear = (1.0,) * 8, tuple(1.0 + 100.0 * j for j in range(8))
-    for round_s, temperature, expected in ((free, 0.0, 6), (dear, 0.0, 1), (dear, 0.8, 6)):
-        policy = SamplingPolicy(temperature, 1.0, torch.Generator().manual_seed(0), vocab, round_s=round_s)
+    for round_times, temperature, expected in ((free, 0.0, 6), (dear, 0.0, 1), (dear, 0.8, 6)):
+        policy = SamplingPolicy(temperature, 1.0, torch.Generator().manual_seed(0), vocab, round_times=round_times)
         proposal = ModelDrafter(draft).propose(context, 6, policy)
         assert len(proposal.token_ids) == proposal.forwards == len(proposal.p_draft) == expected
     longest = ModelDrafter(draft).propose(context, 6, SamplingPolicy(0.0, 1.0, torch.Generator(), vocab))
     confidences = longest.p_draft.max(-1).values.tolist()  # [6]: greedy takes each row's argmax
     stops = set()
     for step in (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 0.1):  # a draft token's price (the tiny draft is far from sure)
-        round_s = tuple(1.0 + step * j for j in range(8))
-        policy = SamplingPolicy(0.0, 1.0, torch.Generator(), vocab, round_s=round_s)
+        round_times = tuple(1.0 + step * j for j in range(8))
+        policy = SamplingPolicy(0.0, 1.0, torch.Generator(), vocab, round_times=round_times)
         priced = ModelDrafter(draft).propose(context, 6, policy)
-        assert len(priced.token_ids) == _rule_stop(confidences, round_s)
+        assert len(priced.token_ids) == _rule_stop(confidences, round_times)
         assert priced.token_ids == longest.token_ids[:len(priced.token_ids)]
         stops.add(len(priced.token_ids))
     assert len(stops) > 1  # the prices, not a threshold, moved the stop
@@ -308,7 +309,7 @@ def test_the_hybrids_model_proposal_made_in_parts_is_priced_as_the_model_alone(p
     start = [1, 5, 9, 13]
     lengths = set()
     for step in (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2):
-        policy = SamplingPolicy(0.0, 1.0, torch.Generator(), vocab, round_s=tuple(1.0 + step * j for j in range(9)))
+        policy = SamplingPolicy(0.0, 1.0, torch.Generator(), vocab, round_times=tuple(1.0 + step * j for j in range(9)))
         hybrid = HybridDrafter(ModelDrafter(draft))
         first = hybrid.propose(start, 2, policy)  # nothing to copy yet: the model's, which then passes
         context = start + first.token_ids + [1, 5, 9]  # [1, 5, 9] repeats: a copy of [13, ...] is at hand

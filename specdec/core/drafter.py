@@ -39,8 +39,8 @@ class SamplingPolicy:
     go_on_above: float = math.inf  # greedy: past the n asked, a model draft goes on while its tokens get more ...
     most: int = 0  # ... up to this many tokens in all (the engine sets it each round; 0 = n, never past it)
     ends: frozenset[int] = frozenset()  # the target's end-of-sequence ids: a draft proposes nothing after one
-    round_s: tuple[float, ...] = ()  # greedy: predicted seconds of a round of j drafts, j = 0.. (k="auto" sets it
-    # each round): a model draft ends where one more token is priced to lower the round's tokens per second (`pays`)
+    round_times: tuple[float, ...] = ()  # greedy: predicted seconds of a round of j drafts, j = 0.. (k="auto" sets
+    # it each round): a model draft ends where one more token is priced to lower the round's tokens per second (`pays`)
     before: tuple[float, ...] = ()  # the confidences of this round's tokens drafted before (a proposal made in parts)
 
     @property
@@ -54,20 +54,21 @@ class SamplingPolicy:
     def pays(self, confidences: list[float]) -> bool:
         """Whether a greedy draft that gave this round's tokens so far `confidences` (its probability of each,
         `before` first) is predicted to raise the round's tokens per second by drafting one more:
-        (E_j + P_j·q_j) / round_s[j + 1] against E_j / round_s[j], where P_i = q_1···q_i is the chance that the
-        first i pass, E_j = 1 + P_1 + ... + P_j the tokens a round of j drafts yields, and the last token's
+        (E_j + P_j·q_j) / round_times[j + 1] against E_j / round_times[j], where P_i = q_1···q_i is the chance that
+        the first i pass, E_j = 1 + P_1 + ... + P_j the tokens a round of j drafts yields, and the last token's
         confidence q_j stands for the next one's. Always without prices (a fixed k, sampling)."""
-        if not self.round_s or not self.greedy:
+        if not self.round_times or not self.greedy:
             return True
         confidences = [*self.before, *confidences]
         drafted = len(confidences)
-        if drafted + 1 >= len(self.round_s):
+        if drafted + 1 >= len(self.round_times):
             return False
         passes = expected = 1.0
         for confidence in confidences:
             passes *= confidence
             expected += passes
-        return (expected + passes * confidences[-1]) * self.round_s[drafted] > expected * self.round_s[drafted + 1]
+        now, next_ = self.round_times[drafted], self.round_times[drafted + 1]
+        return (expected + passes * confidences[-1]) * now > expected * next_
 
     def goes_on(self, tokens: list[int], n: int, confidences: list[float]) -> bool:
         """Whether a model draft asked for n tokens drafts another after `tokens`, to which it gave `confidences`:
@@ -86,10 +87,10 @@ class SamplingPolicy:
         end = next((i + 1 for i, t in enumerate(tokens) if t in self.ends), len(tokens))
         return tokens[:end]
 
-    def capped(self, most: int, round_s: tuple[float, ...] | None = None) -> "SamplingPolicy":
-        """This policy for a round whose draft may go on (when sure) up to `most` tokens, priced by `round_s` (None:
-        as it is)."""
-        return replace(self, most=most, round_s=self.round_s if round_s is None else round_s)
+    def capped(self, most: int, round_times: tuple[float, ...] | None = None) -> "SamplingPolicy":
+        """This policy for a round whose draft may go on (when sure) up to `most` tokens, priced by `round_times`
+        (None: as it is)."""
+        return replace(self, most=most, round_times=self.round_times if round_times is None else round_times)
 
     def after(self, confidences: list[float]) -> "SamplingPolicy":
         """This policy for the rest of a round whose draft already gave tokens these `confidences`."""
