@@ -25,6 +25,7 @@ import torch
 
 from specdec.core.inputs import check_vocabularies, unwrap
 from specdec.core.kv import CachedLM
+from specdec.core.limits import LEAVES_MAX
 from specdec.core.verify import logits_to_probs
 
 
@@ -42,6 +43,8 @@ class SamplingPolicy:
     round_times: tuple[float, ...] = ()  # greedy: predicted seconds of a round of j drafts, j = 0.. (k="auto" sets
     # it each round): a model draft ends where one more token is priced to lower the round's tokens per second (`pays`)
     before: tuple[float, ...] = ()  # the confidences of this round's tokens drafted before (a proposal made in parts)
+    row_times: tuple[float, ...] = ()  # greedy: predicted seconds of a verification of n rows, n = 0.. (k="auto" on
+    # a target that verifies leaves sets it each round): a draft's second choice is verified where it pays (`leaves`)
 
     @property
     def greedy(self) -> bool:
@@ -70,6 +73,33 @@ class SamplingPolicy:
         now, next_ = self.round_times[drafted], self.round_times[drafted + 1]
         return (expected + passes * confidences[-1]) * now > expected * next_
 
+    def leaves(self, confidences: list[float], seconds: list[float]) -> list[int]:
+        """The draft positions whose second choice a greedy round verifies too, as a leaf row each (at most
+        LEAVES_MAX, in order): the one adding most tokens first, while it is predicted to raise the round's tokens
+        per second, (E + g) / (time + row) against E / time. A round of j drafts with confidences q_i yields
+        E = 1 + P_1 + ... + P_j tokens (P_i = q_1···q_i) in round_times[j]; a leaf at position i adds
+        g = P_(i-1)·s_i tokens (the chain reaches i, and the target takes the second choice there, given the
+        draft's probability s_i of it: `seconds`) and costs one more verification row (`row_times`)."""
+        drafted = len(confidences)
+        if not self.greedy or not drafted or drafted >= len(self.round_times):
+            return []
+        passes, expected, gains = 1.0, 1.0, []
+        for position, (confidence, second) in enumerate(zip(confidences, seconds)):
+            gains.append((passes * second, position))
+            passes *= confidence
+            expected += passes
+        time, chosen = self.round_times[drafted], []
+        for gain, position in sorted(gains, reverse=True)[:LEAVES_MAX]:
+            rows = drafted + 1 + len(chosen)
+            if rows + 1 >= len(self.row_times):
+                break
+            row = self.row_times[rows + 1] - self.row_times[rows]
+            if gain * time <= expected * row:
+                break
+            chosen.append(position)
+            expected, time = expected + gain, time + row
+        return sorted(chosen)
+
     def goes_on(self, tokens: list[int], n: int, confidences: list[float]) -> bool:
         """Whether a model draft asked for n tokens drafts another after `tokens`, to which it gave `confidences`:
         never after an end of sequence (the output ends there if it passes, so no later token is ever emitted); up
@@ -87,10 +117,12 @@ class SamplingPolicy:
         end = next((i + 1 for i, t in enumerate(tokens) if t in self.ends), len(tokens))
         return tokens[:end]
 
-    def capped(self, most: int, round_times: tuple[float, ...] | None = None) -> "SamplingPolicy":
+    def capped(self, most: int, round_times: tuple[float, ...] | None = None,
+               row_times: tuple[float, ...] | None = None) -> "SamplingPolicy":
         """This policy for a round whose draft may go on (when sure) up to `most` tokens, priced by `round_times`
-        (None: as it is)."""
-        return replace(self, most=most, round_times=self.round_times if round_times is None else round_times)
+        and `row_times` (None: as they are)."""
+        return replace(self, most=most, round_times=self.round_times if round_times is None else round_times,
+                       row_times=self.row_times if row_times is None else row_times)
 
     def after(self, confidences: list[float]) -> "SamplingPolicy":
         """This policy for the rest of a round whose draft already gave tokens these `confidences`."""

@@ -5,8 +5,11 @@ Recipe of `speculative_generate` (Leviathan et al. 2023; Chen et al. 2023):
    `Budget` checked between);
 2. each round, the drafter proposes n <= k tokens that continue the context;
 3. the target reads the pending context tokens plus the n drafts in ONE forward and returns
-   n+1 next-token distributions;
-4. `specdec.core.verify` keeps the accepted prefix and adds one target token (correction or bonus);
+   n+1 next-token distributions; greedy with k = "auto" on a row-invariant target, the same forward also reads a
+   few leaves, the draft's second choices where they are priced to pay (`SamplingPolicy.leaves`), each a row that
+   sees only its own prefix (`specdec.core.kv.tree_layout`);
+4. `specdec.core.verify` keeps the accepted prefix and adds one target token (correction or bonus); where the
+   correction is a leaf, the leaf's row adds the target's token after it;
 5. the caches are rolled back by the rule in `specdec.core.kv` at the next round.
 `autoregressive_generate` is the same loop with a drafter that proposes nothing. `speculative_rounds` is the
 loop itself, a generator: it yields each round as it ends (the time its consumer holds a round is not counted),
@@ -24,7 +27,7 @@ from specdec.core.costmodel import CostModel
 from specdec.core.drafter import Drafter, NoDraft, Proposal, SamplingPolicy, as_drafter
 from specdec.core.inputs import prepare_prompt, resolve_eos, unwrap
 from specdec.core.kv import CachedLM
-from specdec.core.limits import K_MAX, Budget
+from specdec.core.limits import K_MAX, LEAVES_MAX, Budget
 from specdec.core.schedule import AdaptiveK, FixedK
 from specdec.core.timing import clock
 from specdec.core.trace import DecodeStats, GenerationResult, Round
@@ -150,7 +153,8 @@ def _generate(target_model, drafter, input_ids, schedule, max_new_tokens, temper
         room = max_new_tokens - len(emitted) - 1  # leave room for the target's token
         n, most = min(schedule.next_k(), room), min(schedule.k_max, room)  # asked, and the most a sure draft goes on to
         copied = _copy(drafter, schedule, prompt + emitted, most, policy, n) if n <= 1 else None
-        priced = policy.capped(most, schedule.round_times(most))  # the most a sure draft goes on to, each token priced
+        priced = policy.capped(most, schedule.round_times(most),  # the most a sure draft goes on to, each token priced
+                               schedule.row_times(most + 1 + LEAVES_MAX) if verifier.takes_leaves else ())
         round_ = _round(verifier, drafter, prompt + emitted, n, priced, copied)
         schedule.observe(round_)
         rounds.append(round_)
@@ -200,14 +204,23 @@ def _round(verifier: CachedLM, drafter: Drafter, context: list[int], n: int,
     else:
         proposal = drafter.propose(context, n, policy) if n > 0 else Proposal([], None)
     drafts = proposal.token_ids
-    # target_logits: [len(drafts)+1, V], row i = next-token logits after context + drafts[:i]
-    target_logits, target_time = verifier.forward(verifier.pending(context) + drafts,
-                                                  logits_to_keep=len(drafts) + 1)
+    positions, leaves = _leaves(proposal, policy)
+    pending = verifier.pending(context)
+    # all_logits: [len(drafts)+1+len(leaves), V], row i < len(drafts)+1 = next-token logits after context + drafts[:i];
+    # then leaf l's: after context + drafts[:positions[l]] + [leaves[l]]
+    all_logits, target_time = verifier.forward(pending + drafts, logits_to_keep=len(drafts) + 1,
+                                               leaves=[(leaf, len(pending) + position - 1)
+                                                       for position, leaf in zip(positions, leaves)])
+    target_logits = all_logits[:len(drafts) + 1]
     # p_target: [len(drafts)+1, V]; greedy [len(drafts), V]: only the drafted tokens' probabilities are read
     p_target = policy.probs(target_logits[:len(drafts)] if policy.greedy else target_logits)
     p_draft = proposal.draft_distributions(policy.vocab_size)  # [len(drafts), V]
     verdict = _verify(drafts, target_logits, p_draft, p_target, policy)
-    top_ids, top_logits = _top(target_logits)  # [n+1, 2] each
+    passed = _passed_leaf(verdict, positions, leaves)  # the leaf that passed, or None
+    kept = target_logits if passed is None else all_logits[[*range(len(drafts) + 1), len(drafts) + 1 + passed]]
+    top_ids, top_logits = _top(kept)  # [n+1, 2] each, then the passed leaf's row
+    after = [] if passed is None else [top_ids[-1][0]]  # the target's token after the leaf: its row's argmax
+    emitted = policy.up_to_end(drafts[:verdict.num_accepted] + [verdict.target_token_id] + after)  # as `generate`
     rows = torch.arange(len(drafts))
     ids = torch.tensor(drafts, dtype=torch.long)
     return Round(
@@ -217,7 +230,7 @@ def _round(verifier: CachedLM, drafter: Drafter, context: list[int], n: int,
         matches=verdict.matches,
         num_accepted=verdict.num_accepted,
         target_token_id=verdict.target_token_id,
-        emitted_token_ids=policy.up_to_end(drafts[:verdict.num_accepted] + [verdict.target_token_id]),  # as `generate`
+        emitted_token_ids=emitted,
         draft_time_s=proposal.time_s,
         target_time_s=target_time,
         draft_forwards=proposal.forwards,
@@ -227,7 +240,34 @@ def _round(verifier: CachedLM, drafter: Drafter, context: list[int], n: int,
         draft_source=proposal.source if drafts else "",
         uniforms=list(verdict.uniforms),
         wall_time_s=clock(verifier.device) - start,
+        leaf_positions=positions,
+        leaf_token_ids=leaves,
+        leaf_passed=len(emitted) > verdict.num_accepted + 1,  # (a leaf that ends the output adds nothing after it)
     )
+
+
+def _leaves(proposal: Proposal, policy: SamplingPolicy) -> tuple[list[int], list[int]]:
+    """(draft positions, second choices) of the leaves a greedy round verifies beside its drafts: where the draft's
+    second choice is priced to pay (`SamplingPolicy.leaves`; none without prices or without the draft's
+    distributions). A second choice has at most 1 - q of the draft's probability: only the positions where that
+    much would pay are looked up (a max over the vocabulary each)."""
+    if not policy.row_times or proposal.p_draft is None or not proposal.token_ids:
+        return [], []
+    confidences = proposal.token_probs()
+    looked = policy.leaves(confidences, [1.0 - q for q in confidences])
+    if not looked:
+        return [], []
+    top_ids, top_probs = _top(proposal.p_draft[looked])  # [looked, 2] each: the draft's first and second choices
+    seconds = dict(zip(looked, (second for _, second in top_probs)))
+    positions = policy.leaves(confidences, [seconds.get(i, 0.0) for i in range(len(confidences))])
+    return positions, [top_ids[looked.index(position)][1] for position in positions]
+
+
+def _passed_leaf(verdict: Verdict, positions: list[int], leaves: list[int]) -> int | None:
+    """The index of the leaf that passed, or None: a leaf passes where the round's first miss is at its position and
+    the target's token there is the leaf."""
+    return next((index for index, (position, leaf) in enumerate(zip(positions, leaves))
+                 if position == verdict.num_accepted and leaf == verdict.target_token_id), None)
 
 
 def _top(logits: torch.Tensor) -> tuple[list[list[int]], list[list[float]]]:

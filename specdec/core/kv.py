@@ -28,6 +28,8 @@ from specdec.core.timing import Timer
 
 CACHE_CLASS_FLAG = "specdec_cache_class"  # model attribute: the DynamicCache (sub)class CachedLM keeps
 DECODER_FLAG = "specdec_decoder"  # model attribute: model -> its own forward's plan, or None (the model's forward)
+LEAF_ROWS_FLAG = "specdec_leaf_rows"  # model attribute: True where its attention gives each row of a tree mask its own
+# keys' one-token step, bit for bit (a row-invariant model's), so a forward may verify leaves (`CachedLM.forward`)
 MIN_CAPACITY = 256  # positions preallocated key/value storage holds at first (`written`); it doubles when full
 
 
@@ -66,6 +68,8 @@ class CachedLM:
         self.model = model
         self.device = next(model.parameters()).device
         self.plan = _plan(model) if own_forward else None  # the model's own forward (DECODER_FLAG), or transformers'
+        self.takes_leaves = bool(getattr(model, LEAF_ROWS_FLAG, False)) and (  # no lever in place (`_plan`)
+            self.plan is not None or not (getattr(model, CACHE_CLASS_FLAG, None) or "forward" in vars(model)))
         self.reset()
 
     def reset(self) -> None:
@@ -104,27 +108,55 @@ class CachedLM:
             self.token_ids = []
 
     @torch.inference_mode()
-    def forward(self, new_ids: list[int], logits_to_keep: int = 1) -> tuple[torch.Tensor, float]:
-        """Feed `new_ids` after the cached prefix. Returns (logits [logits_to_keep, V] fp32 on the CPU, seconds).
+    def forward(self, new_ids: list[int], logits_to_keep: int = 1,
+                leaves: list[tuple[int, int]] = ()) -> tuple[torch.Tensor, float]:
+        """Feed `new_ids` after the cached prefix. Returns (logits [logits_to_keep + len(leaves), V] fp32 on the CPU,
+        seconds).
 
+        leaves: (token, parent) pairs read in the same forward after `new_ids` (`takes_leaves` models only): each a
+        leaf of a one-level tree, at the position after new_ids[parent], attending to the cache, new_ids[:parent + 1]
+        and itself, its logits after new_ids' kept rows, each bitwise a one-token step after that prefix. The cache
+        then holds `new_ids` alone (a leaf that passes is read again next round, by the rollback rule).
         The logits come to the CPU, where verification and sampling run with the engine's one CPU generator (on
         a GPU too: one code path); the seconds are the forward's run time and that copy (`specdec.core.timing.Timer`:
         the device synchronised at both ends)."""
         if not new_ids:
             raise ValueError("forward needs at least one new token")
-        ids = torch.tensor([new_ids], dtype=torch.long, device=self.device)  # [1, S]
+        if leaves and not self.takes_leaves:
+            raise ValueError("this model's attention cannot verify leaves")
+        ids = torch.tensor([new_ids + [token for token, _ in leaves]], dtype=torch.long, device=self.device)  # [1, S]
         with Timer(self.device) as timer:
-            logits = self._logits(ids, logits_to_keep)[0].float().cpu()  # [logits_to_keep, V]
+            logits = self._logits(ids, logits_to_keep + len(leaves), [parent for _, parent in leaves])
+            logits = logits[0].float().cpu()  # [logits_to_keep + len(leaves), V]
+        if leaves:
+            self.cache.crop(-len(leaves))
         self.token_ids.extend(new_ids)
-        self.tokens_fed += len(new_ids)
+        self.tokens_fed += len(ids[0])
         self.forwards += 1
         return logits, timer.seconds
 
-    def _logits(self, ids: torch.Tensor, logits_to_keep: int) -> torch.Tensor:
-        """[1, logits_to_keep, V] for ids [1, S] after the cache, which then holds them too."""
+    def _logits(self, ids: torch.Tensor, logits_to_keep: int, parents: list[int]) -> torch.Tensor:
+        """[1, logits_to_keep, V] for ids [1, S] after the cache, which then holds them too; the last len(parents)
+        ids are leaves (`forward`), placed and masked as a tree."""
+        tree = tree_layout(len(self.token_ids), ids.shape[1] - len(parents), parents, ids.device) if parents else {}
         if self.plan is not None:
-            return self.plan.forward(ids, self.cache, logits_to_keep)
-        return self.model(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=logits_to_keep).logits
+            return self.plan.forward(ids, self.cache, logits_to_keep, **tree)
+        tree = {"position_ids": tree["positions"], "attention_mask": tree["mask"]} if tree else {}
+        return self.model(input_ids=ids, cache=self.cache, use_cache=True, logits_to_keep=logits_to_keep,
+                          **tree).logits
+
+
+def tree_layout(past: int, chain: int, parents: list[int], device=None) -> dict[str, torch.Tensor]:
+    """Where a forward's rows sit and what each sees, for `chain` new tokens after `past` cached ones then one leaf
+    per entry of `parents` (the chain index it follows): {"positions": [1, S] (a leaf at its parent's position + 1),
+    "mask": bool [1, 1, S, past + S] (a chain token sees the cache and the chain up to itself; a leaf, the cache, the
+    chain up to its parent, and itself)}, S = chain + len(parents)."""
+    size = chain + len(parents)
+    positions = torch.tensor([[*range(past, past + chain), *(past + parent + 1 for parent in parents)]], device=device)
+    mask = torch.ones(size, past + size, dtype=torch.bool, device=device).tril(past)  # [S, past + S] causal
+    for leaf, parent in enumerate(parents):
+        mask[chain + leaf, past + parent + 1:past + chain + leaf] = False  # not the chain past its parent, no other leaf
+    return {"positions": positions, "mask": mask[None, None]}
 
 
 def _plan(model: torch.nn.Module):

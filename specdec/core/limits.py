@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 K_MAX = 16  # largest fixed k the engine, the CLI and the advisor accept (verification of <= 17 tokens)
 K_AUTO_START = 4  # k of the first round of k="auto", before anything is measured
 K_AUTO_MAX = 8  # largest k the k="auto" controller may choose (and the largest size `specdec.costs.calibration` calibrates)
+LEAVES_MAX = 2  # greedy, k="auto": most leaves (a draft's second choices) a verification reads beside the chain
 K_UI_MAX = 10  # largest k the dashboard offers (its k slider, the theory tab's sweep and axis)
 
 

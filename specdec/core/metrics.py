@@ -33,7 +33,8 @@ METRICS = (
            "accepted / proposed, every drafted token counted, reached or not (vLLM's draft acceptance rate)."),
     Metric("mean accepted length", "mean_accepted_length", "τ",
            "tokens emitted per target forward, the target's own token included: 1 + accepted / rounds (vLLM's "
-           "convention). Accepted draft tokens per round (0..k, the histogram) exclude it."),
+           "convention), plus the rounds whose leaf (a draft's second choice verified beside its tokens) passed. "
+           "Accepted draft tokens per round (0..k, the histogram) exclude both."),
     Metric("per-position acceptance, conditional", "per_position_acceptance", "α̂ᵢ",
            "for draft position i: rounds that accepted draft i / rounds that reached it (drafts 1..i-1 accepted "
            "and draft i proposed), the convention of this lab and SGLang. A position never reached is not a "
@@ -46,7 +47,8 @@ METRICS = (
            "forwards, not one-token steps, so the target step is its verification time / the sum over rounds of "
            "the calibrated v(n+1) (v = 1 without a calibration)."),
     Metric("verification cost", "verify_cost", "v(k+1)",
-           "mean over rounds of v(n+1): one verification forward in one-token target steps (1 = Leviathan's "
+           "mean over rounds of v(n+1) (n + 1 + leaves rows where leaves were verified): one verification forward in "
+           "one-token target steps (1 = Leviathan's "
            "assumption; measured by specdec.costs.calibration)."),
     Metric("tokens per second", "tokens_per_s", "tokens/s",
            "emitted tokens / wall time of the whole call, prefill included (pooled: summed tokens / summed time, "

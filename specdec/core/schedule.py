@@ -47,6 +47,11 @@ K_AUTO_MAX, while each token it drafts gets more than GO_ON_ABOVE and the next s
 copy or boilerplate, passes at rates the position counts, made of every round, understate; EAGLE-2's dynamic draft
 trees and SpecDec++'s stopping rule rest on the same signal, a draft's confidence tracking its acceptance). Tokens
 drafted past k are counted at their positions like any others. A fixed k always drafts k.
+
+Where a round also verifies leaves (greedy, a row-invariant target: the draft's second choices priced to pay,
+`SamplingPolicy.leaves`, verified with the rows of `row_times`), a round of k >= 1 drafts is credited the leaves this
+run's drafting rounds passed and priced the leaf rows they verified, each a decayed mean per drafting round: a
+round's worth is then what it yields with its leaves, and their rows are paid for in its price.
 """
 from __future__ import annotations
 
@@ -92,6 +97,9 @@ class FixedK:
 
     def round_times(self, most: int) -> tuple[float, ...]:
         return ()  # no prices: every round drafts k
+
+    def row_times(self, most: int) -> tuple[float, ...]:
+        return ()  # no prices: no leaves
 
     def observe(self, round_: Round) -> None:
         pass
@@ -148,6 +156,7 @@ class AdaptiveK:
         self.accepted = [0.0] * k_max  # decayed count of rounds that accepted it
         self.copy_reached = [0.0] * k_max  # the same for copy rounds' position i (a source of its own)
         self.copy_accepted = [0.0] * k_max
+        self.leaves = [0.0, 0.0, 0.0]  # decayed over the rounds a model drafted in: rounds, leaf rows, leaves passed
         self.plain_s = 0.0  # seconds of plain steps (k = 0) since the draft last drafted
         self.missed = 0  # tokens emitted since the draft last drafted: its catch-up at the next probe
         self.prices = RoundPrices()
@@ -179,7 +188,10 @@ class AdaptiveK:
         """Predicted tokens per second of a round of k model drafts, k = 0..len(rates), at `rates` per draft
         position (default: the measured `position_rates`)."""
         expected = theory.tokens_per_round_by_k(self.position_rates() if rates is None else rates)
-        return [e / self.round_time(k) for k, e in enumerate(expected)]
+        rounds, rows, passed = self.leaves
+        rows, passed = (rows / rounds, passed / rounds) if rounds else (0.0, 0.0)  # per drafting round
+        return [expected[0] / self.round_time(0)] + [(e + passed) / self.round_time(k, rows)
+                                           for k, e in enumerate(expected[1:], start=1)]
 
     def probe_price(self) -> float:
         """Predicted seconds a probe (k = 1) costs over a plain step: the draft's catch-up over the `missed` tokens
@@ -221,11 +233,13 @@ class AdaptiveK:
         caught_up = self.missed if drafted else 0  # tokens the round's first draft forward read besides its own
         if drafted:  # a plain step says nothing of the draft: what was learnt is not forgotten meanwhile
             self.reached, self.accepted = _counted(self.reached, self.accepted, round_)
+            self.leaves = [total * DECAY + this for total, this in
+                           zip(self.leaves, (1.0, len(round_.leaf_token_ids), round_.leaf_passed))]
             self.plain_s, self.missed = 0.0, 0
         else:
             self.plain_s += round_.wall_time_s or round_.target_time_s
             self.missed += 1  # a plain step emits one token
-        self._observe_step(round_, drafted)
+        self._observe_step(round_)
         self._observe_prices(round_, caught_up)
 
     def _observe_copy(self, round_: Round) -> None:
@@ -234,11 +248,11 @@ class AdaptiveK:
         self.copy_reached, self.copy_accepted = _counted(self.copy_reached, self.copy_accepted, round_)
         self.plain_s += round_.wall_time_s or round_.target_time_s
         self.missed += len(round_.emitted_token_ids)
-        self._observe_step(round_, len(round_.draft_token_ids))
+        self._observe_step(round_)
 
-    def _observe_step(self, round_: Round, drafted: int) -> None:
+    def _observe_step(self, round_: Round) -> None:
         if round_.target_time_s > 0:
-            self.prices.add("step", round_.target_time_s / self._v(drafted + 1))
+            self.prices.add("step", round_.target_time_s / self._v(round_.rows))
 
     def _observe_prices(self, round_: Round, caught_up: int) -> None:
         """The draft's price, and what a round and a drafted token cost besides their forwards."""
@@ -255,14 +269,22 @@ class AdaptiveK:
             self.prices.add("extra", max(rest - (self.prices.base or 0.0), 0.0) / drafted)
             self.overheads.add(drafted, rest)
 
-    def round_time(self, k: int) -> float:
-        """Predicted seconds of a round with k drafts: step·v(k+1) + k·(draft + extra) + base."""
+    def round_time(self, k: int, leaves: float = 0.0) -> float:
+        """Predicted seconds of a round with k drafts (and `leaves` leaf rows, each priced as one more row):
+        step·v(k+1) + k·(draft + extra) + base."""
         step = self._price("step")
-        return step * self._v(k + 1) + k * (self._price("draft") + self._price("extra")) + self._price("base")
+        rows = self._v(k + 1) + leaves * (self._v(k + 2) - self._v(k + 1))
+        return step * rows + k * (self._price("draft") + self._price("extra")) + self._price("base")
 
     def round_times(self, most: int) -> tuple[float, ...]:
         """`round_time` of k = 0..most: what a greedy draft prices one more token with (`SamplingPolicy.pays`)."""
         return tuple(self.round_time(k) for k in range(most + 1))
+
+    def row_times(self, most: int) -> tuple[float, ...]:
+        """Predicted seconds of a verification of n rows, step·v(n), n = 0..most: what a greedy round prices a leaf
+        with (`SamplingPolicy.leaves`)."""
+        step = self._price("step")
+        return tuple(step * self._v(n) for n in range(most + 1))
 
     def _price(self, name: str) -> float:
         if name in ("base", "extra") and self.prices.base is None and (fit := self.overheads.fitted()) is not None:

@@ -35,12 +35,24 @@ class Round:
     target_time_s: float  # wall time of the verification forward
     draft_forwards: int  # number of draft model forwards (0 for a model-free drafter)
     k: int = 0  # draft length asked for this round (k="auto" chooses it per round; 0 = a plain target step)
-    target_top_ids: list[list[int]] = field(default_factory=list)  # per verification row: the target's top-2 ids
+    target_top_ids: list[list[int]] = field(default_factory=list)  # per verification row (the chain's, then a
+    # leaf's that passed): the target's top-2 ids
     target_top_logits: list[list[float]] = field(default_factory=list)  # per row: their logits (explains near-ties)
     draft_source: str = ""  # which drafter proposed: "model", "lookup", "model+lookup", "copy" (prompt lookup in a
     # round the k="auto" controller gave at most one model draft), "" when nothing was proposed
     uniforms: list[float] = field(default_factory=list)  # sampling: u per drafted position, kept iff u < min(1, p_target/p_draft)
     wall_time_s: float = 0.0  # wall time of the whole round: its forwards plus choosing, verifying and keeping
+    leaf_positions: list[int] = field(default_factory=list)  # greedy: draft positions whose second choice was
+    # verified too, as a leaf row each (a one-level draft tree; `SamplingPolicy.leaves`)
+    leaf_token_ids: list[int] = field(default_factory=list)  # those second choices, in the same order
+    leaf_passed: bool = False  # the target's token at the first miss was that position's leaf: the round emitted the
+    # target's token after the leaf too (from the leaf's row)
+
+    @property
+    def rows(self) -> int:
+        """Rows its verification forward read besides the pending context: the target token's, the drafts', the
+        leaves'."""
+        return len(self.draft_token_ids) + 1 + len(self.leaf_token_ids)
 
     @property
     def is_bonus(self) -> bool:
@@ -74,7 +86,9 @@ class Counts:
     round_draft_forwards: int = 0  # draft forwards inside rounds (prefill excluded): what c is per
     draft_time_s: float = 0.0  # draft forwards inside rounds
     target_time_s: float = 0.0  # target verification forwards
-    verify_steps: float = 0.0  # sum over rounds of v(n+1): the verification forwards in one-token target steps
+    verify_steps: float = 0.0  # sum over rounds of v(rows): the verification forwards in one-token target steps
+    leaf_rows: int = 0  # leaves verified (each a draft's second choice, a row of its own)
+    leaf_tokens: int = 0  # tokens emitted from a leaf's row (a leaf passed: the round emitted one token more)
     target_forwards: int = 0  # all target forwards, prefill included
     draft_forwards: int = 0  # all draft forwards, prefill included
     prefill_time_s: float = 0.0  # prompt prefill of both models
@@ -104,7 +118,9 @@ class Counts:
         self.round_draft_forwards += round_.draft_forwards
         self.draft_time_s += round_.draft_time_s
         self.target_time_s += round_.target_time_s
-        self.verify_steps += costs.v(drafted + 1) if costs else 1.0
+        self.verify_steps += costs.v(round_.rows) if costs else 1.0
+        self.leaf_rows += len(round_.leaf_token_ids)
+        self.leaf_tokens += round_.leaf_passed
         self.overhead_time_s += round_.overhead_s
         if not drafted:
             self.plain_rounds += 1
@@ -133,7 +149,7 @@ class Rates:
 
     acceptance_rate: float = 0.0  # alpha-hat = accepted / (accepted + rejections); 0 when nothing was drafted
     draft_acceptance_rate: float = 0.0  # accepted / proposed
-    mean_accepted_length: float = 0.0  # emitted tokens per round, bonus/correction included: 1 + accepted/rounds
+    mean_accepted_length: float = 0.0  # tokens per round, bonus/correction included: 1 + (accepted + leaf)/rounds
     per_position_acceptance: list[float] = field(default_factory=list)  # conditional: accepted at i / reached i
     per_position_unconditional: list[float] = field(default_factory=list)  # accepted at i / all rounds
     cost_ratio: float = 0.0  # c = one draft forward / one target step (target step: verification time / v)
@@ -158,7 +174,7 @@ class Rates:
         return cls(
             acceptance_rate=alpha,
             draft_acceptance_rate=ratio(accepted, counts.draft_tokens),
-            mean_accepted_length=1.0 + ratio(accepted, rounds),
+            mean_accepted_length=1.0 + ratio(accepted + counts.leaf_tokens, rounds),
             per_position_acceptance=[ratio(a, r) for a, r in zip(accepted_at, reached)],
             per_position_unconditional=[ratio(a, rounds) for a in accepted_at],
             cost_ratio=c,
@@ -290,6 +306,8 @@ def _row_top(rounds: list[Round], position: int) -> dict[int, float]:
     for r in rounds:
         if position < start + len(r.emitted_token_ids):
             row = position - start
+            if row > r.num_accepted:  # a leaf passed: the token after it came from the leaf's row, kept last
+                row = len(r.draft_token_ids) + 1
             return dict(zip(r.target_top_ids[row], r.target_top_logits[row])) if r.target_top_ids else {}
         start += len(r.emitted_token_ids)
     return {}

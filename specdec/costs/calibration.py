@@ -42,7 +42,7 @@ from specdec.core.costmodel import CostModel, TargetCosts
 from specdec.core.drafter import Drafter, NoDraft, SamplingPolicy, as_drafter
 from specdec.core.forwards import forward_seconds, primed_cache
 from specdec.core.inputs import unwrap, vocab_size
-from specdec.core.limits import K_AUTO_MAX, Budget
+from specdec.core.limits import K_AUTO_MAX, LEAVES_MAX, Budget
 from specdec.core.timing import interleaved, medians, warm_up
 from specdec.models import cache
 from specdec.models.formats import METHOD as FORMATS_METHOD, format_of
@@ -51,9 +51,11 @@ from specdec.models.speed import set_rows_first
 
 REPEATS = 3  # timed forwards per size; the median is kept
 DRAFT_REPEATS = 9  # draft forwards timed for c, each beside a one-token target step (a draft forward is cheap)
-N_MAX = K_AUTO_MAX + 1  # largest verification size calibrated: k_max drafts plus the target's own token
+N_MAX = K_AUTO_MAX + 1 + LEAVES_MAX  # largest verification size calibrated: k_max drafts, the target's own token
+# and the most leaves a round verifies beside them
 MEASURING = "measuring what verification and drafting cost on this machine"  # what a BudgetExceeded says
-METHOD = 7  # bump when what a calibration measures changes (7: c from draft forwards and target steps in turn)
+METHOD = 8  # bump when what a calibration measures changes (7: c from draft forwards and target steps in turn; 8: v
+# up to the leaves' rows)
 CHECK_EVERY_S = 600.0  # a curve this process has measured or checked is taken as it is for this long
 DRIFT = 0.15  # a cached curve whose step or v(n_max), timed now, is this far from it (relative) is measured again
 C_FLOOR = 0.05  # a cached c is stored anew where c timed now is DRIFT * max(c, C_FLOOR) from it (c near 0: noise)

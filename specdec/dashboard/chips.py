@@ -6,7 +6,9 @@ Kinds of chip (CSS class `chip-<kind>`):
   sampling: its uniform draw u was >= min(1, p_target/p_draft));
 - unreached: draft tokens after the first rejection, never verified, struck through and faded;
 - correction: the target's own token at the first rejection;
-- bonus: the target's extra token when every draft token of the round was accepted.
+- bonus: the target's extra token when every draft token of the round was accepted;
+- leaf: the target's token after a correction that was a leaf (the draft's second choice there, verified in the
+  same forward as a row of its own), read from that row.
 Hovering a chip shows the round, the position and, for draft tokens, p_draft, p_target and the rule
 that decided. Special tokens (`<|im_start|>`, `</s>`) show as ⟨im_start⟩, ⟨/s⟩ markers.
 """
@@ -23,6 +25,7 @@ KIND_HELP = {  # chip kind -> legend text
     "unreached": "drafted after the rejection, never verified",
     "correction": "target's correction",
     "bonus": "bonus token (all drafts accepted)",
+    "leaf": "target's token after a leaf (the correction was the draft's second choice, verified too)",
 }
 PIECE_WINDOW = 8  # tokens of left context used to decode one token's text (byte-level BPE pieces need it)
 SPECIAL = re.compile(r"<\|[^|<>\s]{1,40}\|>|</?s>")  # chat-template and sentence markers: <|im_start|>, </s>
@@ -35,6 +38,7 @@ CSS = """
 .chip-unreached { background: #eeeeee; color: #8a8a8a; text-decoration: line-through; }
 .chip-correction { background: #ffd98a; color: #6b4500; font-weight: 600; }
 .chip-bonus { background: #bcd7ff; color: #0b3d91; font-weight: 600; }
+.chip-leaf { background: #dcc8f5; color: #4a1a7a; font-weight: 600; }
 .round-sep { color: #b0b0b0; font-size: 0.7rem; vertical-align: super; margin: 0 2px; }
 .chips-prompt { color: #666; }
 .legend .chip { margin-right: 10px; }
@@ -56,7 +60,7 @@ def chips_html(rounds: list[Round], tokenizer, prompt: str = "") -> str:
         for kind, token, tooltip in _round_chips(index, round_):
             text = _piece(tokenizer, emitted, token)
             parts.append(f'<span class="chip chip-{kind}" title="{html.escape(tooltip)}">{_escape(text)}</span><wbr>')
-            if kind in ("accepted", "correction", "bonus"):
+            if kind in ("accepted", "correction", "bonus", "leaf"):
                 emitted.append(token)
     return f'<div class="chips" id="chips">{"".join(parts)}</div>'
 
@@ -74,7 +78,10 @@ def _round_chips(index: int, r: Round) -> list[tuple[str, int, str]]:
             probabilities += "\ngreedy: kept iff it is the target's top-1 here"
         chips.append((kind, token, f"round {index}, draft position {position + 1}: {KIND_HELP[kind]}\n{probabilities}"))
     kind = "bonus" if r.is_bonus else "correction"
-    chips.append((kind, r.target_token_id, f"round {index}: {KIND_HELP[kind]} (token id {r.target_token_id})"))
+    leaf = " — the draft's second choice here, verified as a leaf" if r.leaf_passed else ""
+    chips.append((kind, r.target_token_id, f"round {index}: {KIND_HELP[kind]} (token id {r.target_token_id}){leaf}"))
+    for token in r.emitted_token_ids[r.num_accepted + 1:]:  # a leaf passed: the token its row gave
+        chips.append(("leaf", token, f"round {index}: {KIND_HELP['leaf']} (token id {token})"))
     return chips
 
 

@@ -10,6 +10,8 @@ STAT_LINES = (  # (field, label, format)
     ("rounds", "rounds (verification forwards)", "{}"),
     ("draft_tokens", "draft tokens proposed", "{}"),
     ("accepted_tokens", "draft tokens accepted", "{}"),
+    ("leaf_rows", "leaves verified (a draft's second choice, a row each)", "{}"),
+    ("leaf_tokens", "leaves passed (one token more each)", "{}"),
     ("cost_ratio", "cost ratio c = one draft step / one target step", "{:.3f}"),
     ("verify_cost", "verification cost v(k+1) in target steps (1 = Leviathan's assumption)", "{:.2f}"),
     ("theoretical_speedup", "tokens per target forward (1-α^(k+1))/(1-α)", "{:.2f}"),
@@ -46,7 +48,7 @@ def round_rows(result: GenerationResult, tokenizer=None) -> list[dict]:
             "matches": "[" + ",".join("T" if m else "F" for m in r.matches) + "]",
             "accepted": r.num_accepted,
             "target token": token_text(tokenizer, [r.target_token_id]),
-            "kind": "bonus" if r.is_bonus else "correction",
+            "kind": "bonus" if r.is_bonus else "correction, a leaf" if r.leaf_passed else "correction",
             "produced": token_text(tokenizer, r.emitted_token_ids),
             "output so far": token_text(tokenizer, produced) if tokenizer is not None else "",
         })

@@ -112,15 +112,18 @@ class Plan:
     def new_cache(self) -> Cache:
         return Cache(len(self.layers))
 
-    def forward(self, ids: torch.Tensor, cache: Cache, logits_to_keep: int = 1) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, cache: Cache, logits_to_keep: int = 1, positions: torch.Tensor | None = None,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [1, logits_to_keep, V] of `ids` [1, n] after the positions `cache` holds, which then holds these
-        too: bitwise `model(input_ids=ids, ...)`'s. Called inside CachedLM.forward's inference mode."""
+        too: bitwise `model(input_ids=ids, ...)`'s. positions [1, n] and mask bool [1, 1, n, past + n]: a draft
+        tree's (`specdec.core.kv.tree_layout`; None: in a row, causal). Called inside CachedLM.forward's inference
+        mode."""
         n, past = ids.shape[1], cache.length
         base = self.model.base_model
         hidden = self.model.get_input_embeddings()(ids)[0]  # [n, d]
-        positions = torch.arange(past, past + n, device=ids.device)[None]  # [1, n]
+        if positions is None:
+            positions, mask = torch.arange(past, past + n, device=ids.device)[None], causal_mask(n, past, ids.device)
         cos, sin = (t[0, :, None] for t in base.rotary_emb(hidden, positions))  # [n, 1, D] each
-        mask = causal_mask(n, past, ids.device)
         for index, layer in enumerate(self.layers):
             hidden = self._layer(layer, index, hidden, cos, sin, mask, cache)
         cache.advance(n)

@@ -565,13 +565,15 @@ static inline float exp_approx(float x) {
     memcpy(&two_k, &bits, sizeof two_k);
     return x < -87.0f ? 0.0f : (x > 88.7f ? INFINITY : p * two_k);
 }
-/* One query head's softmax attention over positions 0..L-1 of its key/value head (K, V: rows D floats apart): o [D].
-   score [L] is scratch. The same operations in the same order wherever it is called from. Each pass but the scores
-   and the weighted sum is a loop the compiler vectorizes: the largest score and the total in LANES partial results
-   (the largest is exact in any order), e^x as exp_approx, the weights divided out in a pass of their own. */
-static void attend_head(const float *q, const float *K, const float *V, int64_t L, int64_t D, float scaling,
-                        float *restrict score, float *restrict o) {
-    for (int64_t p = 0; p < L; p++) score[p] = dot(q, K + p * D, D) * scaling;
+/* One query head's softmax attention over L positions of its key/value head (K, V: rows D floats apart): rows
+   0..L-2, then row `last` (L-1 for a causal slice; a draft tree's leaf: its own, further on): o [D]. score [L] is
+   scratch. The same operations in the same order wherever it is called from and wherever the last row lies. Each
+   pass but the scores and the weighted sum is a loop the compiler vectorizes: the largest score and the total in
+   LANES partial results (the largest is exact in any order), e^x as exp_approx, the weights divided out in a pass
+   of their own. */
+static void attend_head(const float *q, const float *K, const float *V, int64_t L, int64_t last, int64_t D,
+                        float scaling, float *restrict score, float *restrict o) {
+    for (int64_t p = 0; p < L; p++) score[p] = dot(q, K + (p == L - 1 ? last : p) * D, D) * scaling;
     float tops[LANES], sums[LANES];
     for (int l = 0; l < LANES; l++) tops[l] = -INFINITY, sums[l] = 0.0f;
     int64_t p = 0;
@@ -589,7 +591,7 @@ static void attend_head(const float *q, const float *K, const float *V, int64_t 
     for (p = 0; p < L; p++) score[p] = score[p] / total;
     for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
     for (p = 0; p < L; p++) {
-        const float w = score[p], *restrict v = V + p * D;
+        const float w = score[p], *restrict v = V + (p == L - 1 ? last : p) * D;
         for (int64_t d = 0; d < D; d++) o[d] += w * v[d];
     }
 }
@@ -607,28 +609,30 @@ int attend_one(const float *qkv, const float *cos, const float *sin, float *keys
         const int64_t g = h / group;
         float *q = scratch + h * (L + D);
         rotated(qkv + h * D, cos, sin, D, q);
-        attend_head(q, keys + g * capacity * D, values + g * capacity * D, L, D, scaling, q + D, out + h * D);
+        attend_head(q, keys + g * capacity * D, values + g * capacity * D, L, L - 1, D, scaling, q + D, out + h * D);
     }
     free(scratch);
     return 0;
 }
 
 /* The target's attention, each query row alone (specdec.models.quant.rowwise_attention): row i of n attends to
-   positions 0..L - n + i of its key/value head (H / H_kv query heads a key/value head). q [B][H][n][D] and
+   positions 0..L - n + i of its key/value head (H / H_kv query heads a key/value head), or, where `seen` and `last`
+   are given (a draft tree, one sequence), to positions 0..seen[i] - 2 and then last[i]. q [B][H][n][D] and
    keys/values [B][H_kv][..][D] by their batch, head and row strides (a row's D floats contiguous); out [B][n][H][D].
    Each (batch, row, head) is attend_head's alone, whatever n and whatever else runs beside it, so a row's bits are
-   those of a one-row call over the same positions: a verification row is bitwise its one-token step. Returns 0,
-   or -1 where its scratch could not be had. */
+   those of a one-row call over the same positions: a verification row, a leaf's too, is bitwise its one-token
+   step. Returns 0, or -1 where its scratch could not be had. */
 int attend_rows(const float *q, int64_t B, int64_t H, int64_t n, int64_t D, int64_t qb, int64_t qh, int64_t qi,
                 const float *keys, const float *values, int64_t kb, int64_t kh, int64_t vb, int64_t vh, int64_t Hkv,
-                int64_t L, float scaling, float *out, int threads) {
+                int64_t L, const int64_t *seen, const int64_t *last, float scaling, float *out, int threads) {
     const int64_t group = H / Hkv, tasks = B * n * H;
     float *scratch = malloc(sizeof(float) * tasks * L);
     if (!scratch) return -1;
     #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t t = 0; t < tasks; t++) {
         const int64_t b = t / (n * H), i = t / H % n, h = t % H, g = h / group;
-        attend_head(q + b * qb + h * qh + i * qi, keys + b * kb + g * kh, values + b * vb + g * vh, L - n + i + 1,
+        const int64_t length = seen ? seen[i] : L - n + i + 1, final = last ? last[i] : length - 1;
+        attend_head(q + b * qb + h * qh + i * qi, keys + b * kb + g * kh, values + b * vb + g * vh, length, final,
                     D, scaling, scratch + t * L, out + t * D);
     }
     free(scratch);

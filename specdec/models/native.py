@@ -125,7 +125,8 @@ def library() -> ctypes.CDLL | None:
                                ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
     lib.attend_one.restype = ctypes.c_int
     lib.attend_rows.argtypes = [ctypes.c_void_p, *[ctypes.c_int64] * 7, ctypes.c_void_p, ctypes.c_void_p,
-                                *[ctypes.c_int64] * 6, ctypes.c_float, ctypes.c_void_p, ctypes.c_int]
+                                *[ctypes.c_int64] * 6, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float,
+                                ctypes.c_void_p, ctypes.c_int]
     lib.attend_rows.restype = ctypes.c_int
     lib.rms_norm_rows.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_float,
                                   ctypes.c_void_p]
@@ -347,17 +348,21 @@ def attend_one(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: to
     return out
 
 
-def attend_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float) -> torch.Tensor:
+def attend_rows(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float,
+                tree: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Each query row's attention alone over its causal slice, in one call (the source's attend_rows): query
-    [B, H, n, D], key/value [B, H_kv, L, D] (L = past + n; row i sees positions 0..past + i). Every (batch, row,
-    head) is computed by the same code whatever n, so a row's bits are a one-row call's. Returns [B, n, H, D]."""
+    [B, H, n, D], key/value [B, H_kv, L, D] (L = past + n; row i sees positions 0..past + i). tree (one sequence's
+    draft tree): (seen, last), int64 [n] each: row i sees positions 0..seen[i] - 2, then last[i]. Every (batch, row,
+    head) is computed by the same code whatever n, so a row's bits are a one-row call's over its positions. Returns
+    [B, n, H, D]."""
     query, key, value = (t if t.stride(-1) == 1 and t.stride(-2) == t.shape[-1] else t.contiguous()
                          for t in (query, key, value))  # each row's D floats, rows D apart
     (batch, heads, n, dim), (kv_heads, length) = query.shape, key.shape[1:3]
     out = torch.empty(batch, n, heads, dim)
+    seen, last = (None, None) if tree is None else (t.data_ptr() for t in tree)
     if library().attend_rows(query.data_ptr(), batch, heads, n, dim, *query.stride()[:3], key.data_ptr(),
-                             value.data_ptr(), *key.stride()[:2], *value.stride()[:2], kv_heads, length, scaling,
-                             out.data_ptr(), torch.get_num_threads()):
+                             value.data_ptr(), *key.stride()[:2], *value.stride()[:2], kv_heads, length, seen, last,
+                             scaling, out.data_ptr(), torch.get_num_threads()):
         raise MemoryError("no memory for the attention's scores")
     return out
 

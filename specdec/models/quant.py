@@ -54,7 +54,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.pytorch_utils import Conv1D
 
 from specdec.core import files, hardware
-from specdec.core.kv import DECODER_FLAG
+from specdec.core.kv import DECODER_FLAG, LEAF_ROWS_FLAG
 from specdec.core.timing import Timer, interleaved
 from specdec.models import cache, gguf_read, int8_forward, native
 from specdec.models.gguf_read import GGUFWeights
@@ -707,28 +707,79 @@ def rowwise_attention(module, query, key, value, attention_mask, scaling=None, d
     """Attention of each query row alone over its causal slice, as a one-token step computes it.
 
     query [B, H, n, D]; key, value [B, H_kv, L, D] hold the cache plus the n new positions (L = past + n,
-    a DynamicCache); attention_mask None or bool [B, 1, n, L] (padding; True = attend).
+    a DynamicCache); attention_mask None or bool [B, 1, n, L] (padding, or one sequence's draft tree over its new
+    positions: `specdec.core.kv.tree_layout`; True = attend).
     Returns (output [B, n, H, D], None) as transformers' attention interface expects.
-    Without padding, one compiled call (`native.attend_rows`); where the kernel is not built here, or with
-    padding, sdpa row by row (a row without padding makes the call of a one-token step without a mask).
+    Without padding, one compiled call (`native.attend_rows`; where the kernel is not built here, sdpa row by row,
+    each the call of a one-token step without a mask), a tree's rows each over its own positions; padding, sdpa row
+    by row with each row's mask.
     """
     if dropout:
         raise ValueError("rowwise_attention is for inference (dropout 0)")
     n, length = query.shape[2], key.shape[2]
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-    if native.library() is not None and (attention_mask is None or  # no padding: the causal rows are all it holds
-                                         bool((attention_mask | ~int8_forward.causal_rows(n, length - n)).all())):
-        return native.attend_rows(query.float(), key.float(), value.float(), scaling).to(query.dtype), None
     gqa = query.shape[1] != key.shape[1]
+    kind, tree = (None, None) if attention_mask is None else _mask_kind(attention_mask)
+    if kind != PADDING:  # the causal rows (and a tree's leaves) are all it holds
+        return _rows_over(query, key, value, scaling, gqa, tree), None
     rows = []
     for i in range(n):
         end = length - n + i + 1  # row i sees positions 0..past+i
-        mask = None if attention_mask is None else attention_mask[:, :, i:i + 1, :end]  # [B, 1, 1, end]
-        if mask is not None and bool(mask.all()):
-            mask = None  # no padding: the same call as a one-token step without a mask
+        mask = attention_mask[:, :, i:i + 1, :end]  # [B, 1, 1, end]
         rows.append(F.scaled_dot_product_attention(query[:, :, i:i + 1], key[:, :, :end], value[:, :, :end],
-                                                   attn_mask=mask, scale=scaling, enable_gqa=gqa))  # [B, H, 1, D]
+                                                   attn_mask=None if bool(mask.all()) else mask, scale=scaling,
+                                                   enable_gqa=gqa))  # [B, H, 1, D]
     return torch.cat(rows, dim=2).transpose(1, 2).contiguous(), None  # [B, n, H, D]
+
+
+TREE_ROWS, PADDING = "tree", "padding"  # what a mask holds besides the causal rows (`_mask_kind`)
+_mask_read: tuple = (None, None, None)  # the last mask read, its kind and tree: one read serves a forward's layers
+
+
+def _mask_kind(mask: torch.Tensor) -> tuple[str | None, tuple[torch.Tensor, torch.Tensor] | None]:
+    """What bool mask [B, 1, n, L] holds, and a tree's rows: (None, None) for the causal rows alone; (TREE_ROWS,
+    (seen, last)) for one sequence whose rows see the positions before the new ones and, of the new ones, a prefix
+    and perhaps one more (a draft tree: row i sees 0..seen[i] - 2 and last[i], int64 [n] each); (PADDING, None)
+    otherwise. Read once per mask object (every layer of a forward is given the same one)."""
+    global _mask_read
+    read = _mask_read
+    if read[0] is mask:
+        return read[1:]
+    n, length = mask.shape[-2:]
+    past = length - n
+    if bool((mask | ~int8_forward.causal_rows(n, past, mask.device)).all()):
+        _mask_read = (mask, None, None)
+        return None, None
+    rows = mask[0, 0]  # [n, L]
+    seen = rows.sum(-1)  # [n]
+    last = length - 1 - rows.flip(-1).to(torch.uint8).argmax(-1)  # [n]: the last position each row sees
+    places = torch.arange(length, device=mask.device)
+    tree = (places < (seen - 1)[:, None]) | (places == last[:, None])  # [n, L]: 0..seen - 2, and last
+    if mask.shape[0] > 1 or not bool(rows[:, :past + 1].all()) or not torch.equal(tree, rows):
+        return PADDING, None
+    _mask_read = (mask, TREE_ROWS, (seen.contiguous(), last.contiguous()))
+    return _mask_read[1:]
+
+
+def _rows_over(query, key, value, scaling: float, gqa: bool,
+               tree: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Rows query [B, H, n, D] over key, value [B, H_kv, past + n, D], row i seeing 0..past + i (a tree's: 0..seen[i]
+    - 2 and last[i]), as a one-token step over those positions computes each: the compiled call, else sdpa row by
+    row without a mask over the row's positions. Returns [B, n, H, D]."""
+    if native.library() is not None:
+        return native.attend_rows(query.float(), key.float(), value.float(), scaling, tree).to(query.dtype)
+    n, length = query.shape[2], key.shape[2]
+    rows = []
+    for i in range(n):
+        end = length - n + i + 1 if tree is None else int(tree[0][i])  # row i sees end positions
+        if tree is None or int(tree[1][i]) == end - 1:  # a causal slice: 0..end - 1
+            keys, values = key[:, :, :end], value[:, :, :end]
+        else:  # a leaf: 0..end - 2, then its own
+            seen = torch.cat([torch.arange(end - 1), tree[1][i:i + 1]])
+            keys, values = key[:, :, seen], value[:, :, seen]
+        rows.append(F.scaled_dot_product_attention(query[:, :, i:i + 1], keys, values, scale=scaling,
+                                                   enable_gqa=gqa))  # [B, H, 1, D]
+    return torch.cat(rows, dim=2).transpose(1, 2).contiguous()
 
 
 AttentionInterface.register(ROWWISE_ATTENTION, rowwise_attention)
@@ -911,4 +962,5 @@ def _attending(model: torch.nn.Module, implementation: str, attention) -> torch.
         if config is not None:
             config._attn_implementation = implementation
     setattr(model, DECODER_FLAG, functools.partial(int8_forward.decoder_for, attention=attention))
+    setattr(model, LEAF_ROWS_FLAG, attention is rowwise_attention)  # a tree's rows, each as a one-token step
     return model

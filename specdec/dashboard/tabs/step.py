@@ -165,7 +165,18 @@ def step_html(index: int, r: Round, tokenizer, greedy: bool) -> str:
             f"<tr><th>3. comparison</th>{verdict_cells}</tr>"
             f"<tr><th>4. kept</th>{''.join(kept)}</tr></table>"
             f"<p>kept {r.num_accepted} draft token(s) + the target's {final}: "
-            f"{len(r.emitted_token_ids)} token(s) for one target forward.</p></div>")
+            f"{len(r.emitted_token_ids)} token(s) for one target forward.</p>{leaves_html(r, label)}</div>")
+
+
+def leaves_html(r: Round, label) -> str:
+    """The round's leaves (the draft's second choices verified as rows of their own), and the one that passed."""
+    if not r.leaf_token_ids:
+        return ""
+    listed = ", ".join(f"position {p + 1}: {label(t)}" for p, t in zip(r.leaf_positions, r.leaf_token_ids))
+    passed = (f" The correction was the leaf at position {r.num_accepted + 1}: its own row gave the target's next "
+              f"token too, {label(r.emitted_token_ids[-1])}." if r.leaf_passed else " None passed.")
+    return f'<p class="step-leaves">Also verified, as leaves (the draft\'s second choice, a row each): {listed}.{passed}</p>'
+
 
 
 # --- one position ----------------------------------------------------------------------------------
