@@ -8,6 +8,10 @@ from specdec import autoregressive_generate, speculative_generate
 from specdec.core.drafter import SamplingPolicy
 from specdec.core.kv import LEAF_ROWS_FLAG, CachedLM, tree_layout
 from specdec.core.limits import LEAVES_MAX
+from specdec.core.trace import DecodeStats, GenerationResult, Round
+from specdec.dashboard.chips import chips_html
+from specdec.dashboard.tabs.step import step_html
+from specdec.lab.report import round_rows
 from specdec.models import native, quant, quant4
 from specdec.models.quant import quantize_int8
 from specdec.testing import perturbed_copy, tiny_model
@@ -134,3 +138,19 @@ def test_leaves_go_where_they_add_most_while_they_pay():
     assert priced(0.2).leaves(confidences, seconds) == []  # 0.36 < 2.755 · 0.2
     assert priced(0.0, temperature=0.7).leaves(confidences, seconds) == []  # sampling: never
     assert SamplingPolicy(0.0, 1.0, torch.Generator(), 100).leaves(confidences, seconds) == []  # no prices: never
+
+
+def test_a_passed_leaf_shows_in_the_chips_the_step_view_and_the_round_table():
+    """The token after a passed leaf is emitted: a chip of its own, named in the step view, the round table's kind."""
+    round_ = Round([5, 6, 7], [0.9, 0.5, 0.7], [0.95, 0.1, 0.3], [True, False, True], 1, 8, [5, 8, 3],
+                   draft_time_s=0.01, target_time_s=0.1, draft_forwards=3, leaf_positions=[1], leaf_token_ids=[8],
+                   leaf_passed=True)
+    assert round_.rows == 5
+    html = chips_html([round_], tokenizer=None)
+    assert html.count("chip chip-leaf") == 1 and html.count("chip chip-correction") == 1 and ">3 <" in html
+    assert "position 2: 8" in step_html(1, round_, None, greedy=True) and "gave the target's next token" in \
+        step_html(1, round_, None, greedy=True)
+    result = GenerationResult([5, 8, 3], [round_], DecodeStats.from_rounds([round_], 3))
+    assert round_rows(result)[0]["kind"] == "correction, a leaf"
+    stats = result.stats
+    assert (stats.leaf_rows, stats.leaf_tokens, stats.mean_accepted_length) == (1, 1, 3.0)
