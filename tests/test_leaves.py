@@ -5,9 +5,11 @@ import pytest
 import torch
 
 from specdec import autoregressive_generate, speculative_generate
+from specdec.core.costmodel import CostModel, TargetCosts
 from specdec.core.drafter import SamplingPolicy
 from specdec.core.kv import LEAF_ROWS_FLAG, CachedLM, tree_layout
 from specdec.core.limits import LEAVES_MAX
+from specdec.core.schedule import AdaptiveK
 from specdec.core.trace import DecodeStats, GenerationResult, Round
 from specdec.dashboard.chips import chips_html
 from specdec.dashboard.tabs.step import step_html
@@ -154,3 +156,24 @@ def test_a_passed_leaf_shows_in_the_chips_the_step_view_and_the_round_table():
     assert round_rows(result)[0]["kind"] == "correction, a leaf"
     stats = result.stats
     assert (stats.leaf_rows, stats.leaf_tokens, stats.mean_accepted_length) == (1, 1, 3.0)
+
+
+def test_the_controller_credits_the_leaves_its_rounds_passed_and_prices_their_rows():
+    """k = "auto" values a drafting round with the leaves passed per drafting round and charges the leaf rows
+    verified (each as one more row of v): the same rounds with leaves that pass predict more tokens per second,
+    with leaves that never pass, on a steep v, less."""
+    costs = CostModel(TargetCosts(0.04, [1.0 + 0.2 * n for n in range(11)], "t"), 0.2, "d")
+
+    def controller(leaves: int, passed: bool) -> AdaptiveK:
+        schedule = AdaptiveK(costs)
+        for _ in range(6):
+            schedule.observe(Round([5, 6], [0.9, 0.4], [0.9, 0.1], [True, False], 1, 7, [5, 7] + [8] * passed,
+                                   draft_time_s=0.016, target_time_s=0.04 * (1.2 + 0.2 * leaves),
+                                   draft_forwards=2, leaf_positions=[1] * leaves, leaf_token_ids=[7] * leaves,
+                                   leaf_passed=passed, wall_time_s=0.06 + 0.008 * leaves))
+        return schedule
+
+    plain, credited, idle = controller(0, False).speeds(), controller(1, True).speeds(), controller(1, False).speeds()
+    assert credited[0] == pytest.approx(plain[0], rel=0.05)  # a plain step is priced alike
+    assert all(c > p for c, p in zip(credited[1:], plain[1:]))
+    assert all(i < p for i, p in zip(idle[1:], plain[1:]))
