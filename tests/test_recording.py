@@ -47,7 +47,7 @@ def replayed(preset: str, folder) -> tuple:
 def test_a_recording_round_trips_with_its_header(made, tmp_path):
     path = save_recording(made, tmp_path)
     data = json.loads(path.read_text(encoding="utf-8"))
-    assert path.name == "chinese-chat.json" and (data["format"], data["version"]) == (recording.FORMAT, 1)
+    assert path.name == "chinese-chat.json" and (data["format"], data["version"]) == (recording.FORMAT, 2)
     loaded = load_recording(path)
     assert loaded == made and loaded.source == str(path)
     assert loaded.result.stats == made.result.stats and loaded.baseline.rounds == made.baseline.rounds
@@ -63,7 +63,7 @@ def _header(**change) -> dict:
     ("{not json", "not a recording (not readable JSON"),
     (json.dumps({"format": "specdec cost profile", "version": 1}), "not a specdec recording"),
     (json.dumps([1, 2]), "not a specdec recording"),
-    (json.dumps(_header(version=2)), "a recording of format version 2; this version reads version 1"),
+    (json.dumps(_header(version=1)), "a recording of format version 1; this version reads version 2"),
     (json.dumps(_header(preset="Python code")), "a damaged recording (missing baseline, code_version"),
 ])
 def test_other_files_are_refused_with_one_line_naming_them(tmp_path, content, message):

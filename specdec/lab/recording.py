@@ -24,7 +24,7 @@ from specdec.lab import presets
 from specdec.lab.report import baseline_lines, round_rows
 
 FORMAT = "specdec recording"  # the "format" field every recording carries
-VERSION = 1  # bump when the fields change meaning
+VERSION = 2  # bump when the fields change meaning (2: a round's leaves, the counts of leaves)
 FOLDER = files.ASSETS / "recordings"  # where the app looks for them
 REMEDY = "record one with `python -m specdec record`"  # what a refusal suggests
 
