@@ -68,8 +68,7 @@ class CachedLM:
         self.model = model
         self.device = next(model.parameters()).device
         self.plan = _plan(model) if own_forward else None  # the model's own forward (DECODER_FLAG), or transformers'
-        self.takes_leaves = bool(getattr(model, LEAF_ROWS_FLAG, False)) and (  # no lever in place (`_plan`)
-            self.plan is not None or not (getattr(model, CACHE_CLASS_FLAG, None) or "forward" in vars(model)))
+        self.takes_leaves = bool(getattr(model, LEAF_ROWS_FLAG, False)) and not _lever_in_place(model)
         self.reset()
 
     def reset(self) -> None:
@@ -163,6 +162,10 @@ def _plan(model: torch.nn.Module):
     """The plan of the model's own forward (DECODER_FLAG), or None: none set, or a lever in place (a cache class
     set, or the forward replaced on the model, as a compiled one)."""
     make = getattr(model, DECODER_FLAG, None)
-    if make is None or getattr(model, CACHE_CLASS_FLAG, None) is not None or "forward" in vars(model):
-        return None
-    return make(model)
+    return None if make is None or _lever_in_place(model) else make(model)
+
+
+def _lever_in_place(model: torch.nn.Module) -> bool:
+    """Whether a lever replaced what the model's own forward and its leaves rely on: a cache class set, or the
+    forward replaced on the model (a compiled one)."""
+    return getattr(model, CACHE_CLASS_FLAG, None) is not None or "forward" in vars(model)

@@ -190,8 +190,8 @@ class AdaptiveK:
         expected = theory.tokens_per_round_by_k(self.position_rates() if rates is None else rates)
         rounds, rows, passed = self.leaves
         rows, passed = (rows / rounds, passed / rounds) if rounds else (0.0, 0.0)  # per drafting round
-        return [expected[0] / self.round_time(0)] + [(e + passed) / self.round_time(k, rows)
-                                           for k, e in enumerate(expected[1:], start=1)]
+        drafting = [(e + passed) / self.round_time(k, rows) for k, e in enumerate(expected[1:], start=1)]
+        return [expected[0] / self.round_time(0), *drafting]
 
     def probe_price(self) -> float:
         """Predicted seconds a probe (k = 1) costs over a plain step: the draft's catch-up over the `missed` tokens

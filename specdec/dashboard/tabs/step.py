@@ -178,7 +178,6 @@ def leaves_html(r: Round, label) -> str:
     return f'<p class="step-leaves">Also verified, as leaves (the draft\'s second choice, a row each): {listed}.{passed}</p>'
 
 
-
 # --- one position ----------------------------------------------------------------------------------
 
 @user_errors
