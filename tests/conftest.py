@@ -1,3 +1,6 @@
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -34,7 +37,12 @@ def users_cache(tmp_path_factory):
     """The user's cache root (yielded), kept out of the test run's writes: the session runs on a tmp
     `$SPECDEC_CACHE` (subprocesses inherit it) where only the model stores of the user's cache (`MODEL_STORES`:
     converted models, GGUFs, their locks) are linked in, so real-model tests still find what is already
-    converted, while what tests write (calibrations, aligned drafts, reference texts) lands in the tmp root."""
+    converted, while what tests write (calibrations, aligned drafts, reference texts) lands in the tmp root.
+    Model stores the session writes itself (an int8 copy of the default pair: 2.4 GB) go when it ends, and those
+    that ended sessions left in pytest's kept tmp folders go when one starts: three kept copies fill a small disk."""
+    base = tmp_path_factory.getbasetemp()
+    if base.name.startswith("pytest-") and base.parent.name.startswith("pytest-of-"):
+        clear_ended_sessions(base.parent)
     real, private = cache.root(), tmp_path_factory.mktemp("specdec-cache")
     for name in MODEL_STORES:
         if (real / name).is_dir():
@@ -42,3 +50,20 @@ def users_cache(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SPECDEC_CACHE", str(private))
         yield real
+    clear_model_stores(private)
+
+
+def clear_model_stores(private: Path) -> None:
+    """Remove the model stores written into a tmp cache root (a linked store is the user's: left alone)."""
+    for name in MODEL_STORES:
+        if (private / name).is_dir() and not (private / name).is_symlink():
+            shutil.rmtree(private / name, ignore_errors=True)
+
+
+def clear_ended_sessions(sessions: Path) -> None:
+    """Clear the tmp caches' model stores of every ended session under pytest's `pytest-of-USER` folder (a running
+    session holds a `.lock` in its folder until it exits)."""
+    for session in sessions.glob("pytest-*"):
+        if session.is_dir() and not session.is_symlink() and not (session / ".lock").exists():
+            for private in session.glob("specdec-cache*"):
+                clear_model_stores(private)

@@ -249,6 +249,29 @@ def test_calibrations_of_a_test_run_land_in_its_tmp_cache_never_the_users(users_
         assert not users.exists() or users.stat().st_mtime < started
 
 
+
+def test_a_test_runs_model_stores_go_and_ended_sessions_leftovers_too(tmp_path):
+    """Converted models written into a test run's tmp cache are removed (2.4 GB a run for the default pair), in
+    ended sessions' kept folders too; a running session's (it holds `.lock`) and a store linked to the user's stay."""
+    from conftest import MODEL_STORES, clear_ended_sessions
+
+    users = tmp_path / "users-converted"
+    (users / "model").mkdir(parents=True)
+    for session, running in (("pytest-7", False), ("pytest-8", True)):
+        private = tmp_path / session / "specdec-cache0"
+        for name in MODEL_STORES:
+            (private / name / "model").mkdir(parents=True)
+        (private / "costs").mkdir()
+        if running:
+            (tmp_path / session / ".lock").touch()
+    (tmp_path / "pytest-9" / "specdec-cache0").mkdir(parents=True)
+    (tmp_path / "pytest-9" / "specdec-cache0" / "converted").symlink_to(users)
+    clear_ended_sessions(tmp_path)
+    assert not any((tmp_path / "pytest-7" / "specdec-cache0" / name).exists() for name in MODEL_STORES)
+    assert (tmp_path / "pytest-7" / "specdec-cache0" / "costs").is_dir()
+    assert all((tmp_path / "pytest-8" / "specdec-cache0" / name / "model").is_dir() for name in MODEL_STORES)
+    assert (users / "model").is_dir()
+
 def test_first_divergence():
     assert first_divergence([1, 2, 3], [1, 2, 3]) is None
     assert first_divergence([1, 2, 3], [1, 5, 3]) == 1
