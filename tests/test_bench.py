@@ -249,7 +249,6 @@ def test_calibrations_of_a_test_run_land_in_its_tmp_cache_never_the_users(users_
         assert not users.exists() or users.stat().st_mtime < started
 
 
-
 def test_a_test_runs_model_stores_go_and_ended_sessions_leftovers_too(tmp_path):
     """Converted models written into a test run's tmp cache are removed (2.4 GB a run for the default pair), in
     ended sessions' kept folders too; a running session's (it holds `.lock`) and a store linked to the user's stay."""
@@ -271,6 +270,7 @@ def test_a_test_runs_model_stores_go_and_ended_sessions_leftovers_too(tmp_path):
     assert (tmp_path / "pytest-7" / "specdec-cache0" / "costs").is_dir()
     assert all((tmp_path / "pytest-8" / "specdec-cache0" / name / "model").is_dir() for name in MODEL_STORES)
     assert (users / "model").is_dir()
+
 
 def test_first_divergence():
     assert first_divergence([1, 2, 3], [1, 2, 3]) is None
