@@ -756,8 +756,9 @@ def _mask_kind(mask: torch.Tensor) -> tuple[str | None, tuple[torch.Tensor, torc
     places = torch.arange(length, device=mask.device)
     tree = (places < (seen - 1)[:, None]) | (places == last[:, None])  # [n, L]: 0..seen - 2, and last
     if mask.shape[0] > 1 or not bool(rows[:, :past + 1].all()) or not torch.equal(tree, rows):
-        return PADDING, None
-    _mask_read = (mask, TREE_ROWS, (seen.contiguous(), last.contiguous()))
+        _mask_read = (mask, PADDING, None)
+    else:
+        _mask_read = (mask, TREE_ROWS, (seen.contiguous(), last.contiguous()))
     return _mask_read[1:]
 
 
