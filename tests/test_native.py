@@ -74,7 +74,7 @@ def test_for_a_cpu_without_avx2_there_is_no_build_and_the_other_kernels_run(fres
 def test_the_kernel_is_built_once_per_machine_and_its_row_counts_timed_once(fresh, monkeypatch):
     native.library()
     rows, per_pass = native.tile_rows(), native.pass_rows4()
-    assert per_pass in native.PASS_ROWS_4
+    assert len(per_pass) == len(native.PASS_PROBE_ROWS) and set(per_pass) <= set(native.PASS_ROWS_4)
     built = sorted((fresh / "native").iterdir())
     for cached in (native.library, native.tile_rows, native.pass_rows4):
         cached.cache_clear()  # another process on this machine
@@ -99,7 +99,25 @@ def test_the_rows_a_4_bit_pass_takes_are_the_fastest_timed_here(fresh, monkeypat
     clock = [0.0]
     monkeypatch.setattr(native, "linear4", linear4)
     monkeypatch.setattr(timing, "clock", lambda device: clock[0])
-    assert native.pass_rows4() == faster and set(timed) == set(native.PASS_ROWS_4)
+    assert native.pass_rows4() == (faster, faster) and set(timed) == set(native.PASS_ROWS_4)
+
+
+@needs_build
+def test_a_verifications_rows_and_a_prompts_take_the_pass_each_is_timed_fastest_for(fresh, monkeypatch):
+    """Timed apart (mocked here): one pass of up to 12 rows where a verification's rows are faster so, passes of 8
+    where a prompt's are; a product of 8 rows or fewer is one pass, and none is timed for it."""
+    verification = set(native.PASS_PROBE_ROWS[0])
+
+    def linear4(x, packed, bias, rows):
+        prompt = x.shape[0] not in verification
+        clock[0] += 1.0 if rows == (8 if prompt else 12) else 2.0
+
+    clock = [0.0]
+    monkeypatch.setattr(native, "linear4", linear4)
+    monkeypatch.setattr(timing, "clock", lambda device: clock[0])
+    assert native._pass_rows(5) == 5 and native.pass_rows4.cache_info().currsize == 0
+    assert native.pass_rows4() == (12, 8)
+    assert [native._pass_rows(m) for m in (8, 9, 11, 12, 13, 16, 64)] == [8, 12, 12, 12, 8, 8, 8]
 
 
 @pytest.mark.parametrize("compiler", [None, "false"])

@@ -46,7 +46,8 @@ ROWS_AT_ONCE = 12  # rows the AVX-512 path reads each weight vector for (MB_MAX 
 TILE_ROWS = 16  # an AMX tile's rows: the rows of a product on tiles are padded to a multiple of this
 GROUP_4 = 32  # inputs per scale and offset of a 4-bit weight (G4 in the source)
 PASS_ROWS_4 = (8, 12)  # rows a pass of the 4-bit product may take (the source's MB4 caps it: 12 with AVX-512, 4 AVX2)
-PASS_PROBE_ROWS = (9, 12, 16, 24)  # the row counts the two are timed on: a verification of 8 to 11 drafts, a prompt
+PASS_PROBE_ROWS = ((9, 10, 11, 12), (16, 24))  # the row counts the two are timed on, apart: a verification of 8 to
+# 11 drafts (up to 12 rows, one pass of 12 reads each weight once where passes of 8 read it twice), and a prompt
 K_ALIGN = 64  # the input width is padded to a multiple of this (an AMX tile row: 64 bytes)
 N_ALIGN = 16  # outputs per packed block
 PROFILED_AS = "specdec::int8_product"  # the product's name in a torch.profiler trace (specdec.lab.breakdown)
@@ -163,26 +164,31 @@ def tile_rows() -> int | None:
 
 
 @functools.cache
-def pass_rows4() -> int:
-    """The rows the 4-bit product reads each weight vector for at a time (PASS_ROWS_4): the fastest here for
-    PASS_PROBE_ROWS rows, timed once per machine and cached."""
-    return _timed_once("pass-rows-4", _timed_pass_rows4)
+def pass_rows4() -> tuple[int, ...]:
+    """The rows the 4-bit product reads each weight vector for at a time (of PASS_ROWS_4), one count per set of
+    PASS_PROBE_ROWS (a verification's rows, a prompt's): the fastest here for that set, timed once per machine and
+    cached."""
+    return tuple(_timed_once("pass-rows-4-by-size", _timed_pass_rows4))
 
 
 def timed_rows() -> str:
     """The row counts timed for the kernel on this machine (`tile_rows`, `pass_rows4`), for the cache keys of what
     was measured with them: a timing taken with other row counts is not read again."""
-    return f"tiles-{tile_rows()}-pass-{pass_rows4()}"
+    return f"tiles-{tile_rows()}-pass-{'-'.join(map(str, pass_rows4()))}"
 
 
 def _pass_rows(m: int) -> int:
     """The rows a pass of a 4-bit product of m rows takes: m where that is no more than any count would take (then
-    `pass_rows4` is neither timed nor read), else `pass_rows4()`."""
-    return m if m <= min(PASS_ROWS_4) else pass_rows4()
+    `pass_rows4` is neither timed nor read), else the count timed fastest for the first set of PASS_PROBE_ROWS that
+    reaches m (the last set past them all)."""
+    if m <= min(PASS_ROWS_4):
+        return m
+    chosen = pass_rows4()
+    return next((rows for rows, sizes in zip(chosen, PASS_PROBE_ROWS) if m <= max(sizes)), chosen[-1])
 
 
-def _timed_once(name: str, timed: Callable[[], int]) -> int:
-    """A row count `timed()` measures on this machine, once: cached per build of the kernel and thread count."""
+def _timed_once(name: str, timed: Callable[[], int | list[int]]) -> int | list[int]:
+    """Row counts `timed()` measures on this machine, once: cached per build of the kernel and thread count."""
     about = {"library": build_key(), "threads": torch.get_num_threads()}
     path = cache.root() / "native" / f"{name}-{files.json_key(about)}.json"
     try:
@@ -199,23 +205,24 @@ def _probe_copies(one):
     return [one._replace(blocks=one.blocks.clone()) for _ in range(TILE_PROBE_COPIES)]
 
 
-def _timed_pass_rows4() -> int:
+def _timed_pass_rows4() -> list[int]:
     generator = torch.Generator().manual_seed(0)
     n, k = TILE_PROBE
     weights = _probe_copies(pack4(torch.randint(0, 16, TILE_PROBE, dtype=torch.uint8, generator=generator),
                                   torch.rand(n, k // GROUP_4, generator=generator),
                                   torch.rand(n, k // GROUP_4, generator=generator)))
-    x = torch.randn(max(PASS_PROBE_ROWS), k, generator=generator)
+    x = torch.randn(max(max(sizes) for sizes in PASS_PROBE_ROWS), k, generator=generator)
 
-    def seconds(rows: int) -> float:
+    def seconds(sizes: tuple[int, ...], rows: int) -> float:
         with Timer("cpu") as timer:
-            for m in PASS_PROBE_ROWS:
+            for m in sizes:
                 for weight in weights:
                     linear4(x[:m], weight, None, rows)
         return timer.seconds
 
-    timed = medians(interleaved({rows: functools.partial(seconds, rows) for rows in PASS_ROWS_4}, TILE_PROBE_REPEATS))
-    return min(PASS_ROWS_4, key=timed.get)
+    timed = medians(interleaved({(sizes, rows): functools.partial(seconds, sizes, rows)
+                                 for sizes in PASS_PROBE_ROWS for rows in PASS_ROWS_4}, TILE_PROBE_REPEATS))
+    return [min(PASS_ROWS_4, key=lambda rows: timed[(sizes, rows)]) for sizes in PASS_PROBE_ROWS]
 
 
 def _timed_tile_rows() -> int:
