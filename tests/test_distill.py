@@ -153,3 +153,51 @@ def test_the_distill_command_defaults_are_the_config_defaults():
 
     args = build_parser().parse_args(["distill", "--target", "t", "--draft", "d", "--out", "o"])
     assert config_from(args) == DistillConfig()  # one default per setting (batch size 4, not 2 in the command)
+
+
+def test_four_bit_values_take_16_levels_per_group_from_its_minimum_to_its_maximum():
+    from specdec.models.quant4 import GROUP_SIZE, four_bit_values
+
+    weight = torch.randn(48, 4 * GROUP_SIZE, generator=torch.Generator().manual_seed(0))
+    values = four_bit_values(weight)
+    groups, original = values.view(48, 4, GROUP_SIZE), weight.view(48, 4, GROUP_SIZE)
+    step = (original.amax(-1) - original.amin(-1)) / 15  # [48, 4]
+    assert all(len(torch.unique(g)) <= 16 for g in groups.flatten(0, 1))
+    assert torch.allclose(groups.amin(-1), original.amin(-1), atol=1e-6)
+    assert torch.allclose(groups.amax(-1), original.amax(-1), atol=1e-6)
+    assert ((groups - original).abs() <= step[..., None] / 2 + 1e-6).all()
+    assert torch.allclose(four_bit_values(values), values, atol=1e-6)  # on its own grid already
+
+
+def test_four_bit_training_takes_the_gradient_of_the_4_bit_weights_and_keeps_the_floats():
+    from specdec.models.quant4 import four_bit_values
+    from specdec.training.distill import four_bit_linears, four_bit_weights
+
+    model = tiny_model("llama", seed=3, vocab_size=64, hidden=32, layers=1)
+    ids = torch.tensor([[3, 9, 14, 27, 5]])
+    weights = four_bit_linears(model)
+    head = model.get_output_embeddings().weight
+    assert weights and all(w is not head for w in weights)
+    floats = [w.detach().clone() for w in weights]
+    with four_bit_weights(weights):
+        model(input_ids=ids, labels=ids).loss.backward()
+    assert all(torch.equal(w, f) for w, f in zip(weights, floats))  # the float weights back, bit for bit
+    rounded = copy.deepcopy(model)
+    rounded.zero_grad()
+    with torch.no_grad():
+        for w in four_bit_linears(rounded):
+            w.copy_(four_bit_values(w))
+    rounded(input_ids=ids, labels=ids).loss.backward()
+    for w, r in zip(weights, four_bit_linears(rounded)):
+        assert torch.allclose(w.grad, r.grad, atol=1e-6) and not torch.equal(w, r)
+
+
+def test_a_checkpoint_from_before_four_bit_training_resumes_as_trained_in_float():
+    from dataclasses import asdict
+
+    from specdec.training.distill import DistillReport, resume_conflict
+
+    config = asdict(DistillConfig())
+    older = DistillReport({k: v for k, v in config.items() if k != "four_bit"}, 4, 40, 10, data="d")
+    assert resume_conflict(older, config | {"four_bit": False}, "d") is None
+    assert "four_bit was False there, True now" in resume_conflict(older, config | {"four_bit": True}, "d")

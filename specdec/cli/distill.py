@@ -7,6 +7,7 @@ with --resume and replaced only with --overwrite. Prompts and settings are check
 """
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from specdec.core import files
@@ -54,6 +55,9 @@ def add_distill_arguments(p) -> None:
     p.add_argument("--alpha", type=float, default=defaults.alpha, help="weight of the divergence term")
     p.add_argument("--divergence", choices=DIVERGENCES, default=defaults.divergence)
     p.add_argument("--top-k", type=int, default=defaults.top_k, help="soft labels kept per position (0 = all)")
+    p.add_argument("--four-bit", action=argparse.BooleanOptionalAction, default=defaults.four_bit,
+                   help="train through the 4-bit values of the decoder's weights (straight-through), for a draft run "
+                        "in int4 (default %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=48, help="target continuation length per prompt")
     p.add_argument("--eval-every", type=int, default=defaults.eval_every)
     p.add_argument("--checkpoint-every", type=int, default=defaults.checkpoint_every)
@@ -64,7 +68,7 @@ def add_distill_arguments(p) -> None:
 def config_from(args) -> DistillConfig:
     return DistillConfig(steps=args.steps, lr=args.lr, batch_size=args.batch_size, grad_accum=args.grad_accum,
                          temperature=args.temperature, alpha=args.alpha, divergence=args.divergence,
-                         top_k=args.top_k or None, eval_every=args.eval_every,
+                         top_k=args.top_k or None, four_bit=args.four_bit, eval_every=args.eval_every,
                          checkpoint_every=args.checkpoint_every, eval_k=args.eval_k,
                          eval_max_new_tokens=args.eval_max_new_tokens)
 

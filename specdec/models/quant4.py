@@ -93,6 +93,14 @@ def groups_from_float(weight: torch.Tensor) -> Int4Groups:
     return Int4Groups(codes.to(torch.uint8).flatten(-2), scale, -low)
 
 
+def four_bit_values(weight: torch.Tensor) -> torch.Tensor:
+    """[rows, cols] float -> the float32 values its 4-bit groups (`groups_from_float`) hold: what an int4 model's
+    layer multiplies by, but for the 16-bit rounding of each group's scale and offset."""
+    codes, scale, offset = groups_from_float(weight)
+    grouped = codes.float().unflatten(-1, (-1, GROUP_SIZE))  # [rows, cols / G, G]
+    return (grouped * scale[..., None] - offset[..., None]).flatten(-2)
+
+
 def _by_rows(count: int, groups_of: Callable[[slice], Int4Groups]) -> Int4Groups:
     """The groups of `count` rows made CHUNK_ROWS rows at a time (`groups_of(rows)`), joined."""
     return _joined([groups_of(slice(start, start + CHUNK_ROWS)) for start in range(0, count, CHUNK_ROWS)])
