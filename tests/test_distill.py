@@ -201,3 +201,13 @@ def test_a_checkpoint_from_before_four_bit_training_resumes_as_trained_in_float(
     older = DistillReport({k: v for k, v in config.items() if k != "four_bit"}, 4, 40, 10, data="d")
     assert resume_conflict(older, config | {"four_bit": False}, "d") is None
     assert "four_bit was False there, True now" in resume_conflict(older, config | {"four_bit": True}, "d")
+
+
+def test_four_bit_weights_keep_a_bfloat16_models_dtype():
+    from specdec.training.distill import four_bit_linears, four_bit_weights
+
+    model = tiny_model("llama", seed=3, vocab_size=64, hidden=32, layers=1).to(torch.bfloat16)
+    weights = four_bit_linears(model)
+    with four_bit_weights(weights):
+        assert all(w.dtype == torch.bfloat16 for w in weights)
+        model(input_ids=torch.tensor([[3, 9, 14]]))

@@ -350,8 +350,9 @@ class DistillConfig:
                 raise ValueError(f"{name} must be {rule}, got {getattr(self, name)!r}")
 
 
+# what a resumed run must share with its checkpoint (the rest: step count, evaluation)
 TRAINING_SETTINGS = ("lr", "batch_size", "grad_accum", "temperature", "alpha", "divergence", "top_k", "four_bit",
-                     "max_grad_norm", "seed")  # what a resumed run must share with its checkpoint (the rest: step count, evaluation)
+                     "max_grad_norm", "seed")
 BEFORE_SETTING = {"four_bit": False}  # how a checkpoint older than a setting trained
 
 
@@ -479,7 +480,7 @@ def four_bit_weights(weights: list[torch.nn.Parameter]):
     floats = [w.data for w in weights]
     with torch.no_grad():
         for w in weights:
-            w.data = quant4.four_bit_values(w.data)
+            w.data = quant4.four_bit_values(w.data).to(w.dtype)
     try:
         yield
     finally:
