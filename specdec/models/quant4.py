@@ -96,9 +96,7 @@ def groups_from_float(weight: torch.Tensor) -> Int4Groups:
 def four_bit_values(weight: torch.Tensor) -> torch.Tensor:
     """[rows, cols] float -> the float32 values its 4-bit groups (`groups_from_float`) hold: what an int4 model's
     layer multiplies by, but for the 16-bit rounding of each group's scale and offset."""
-    codes, scale, offset = groups_from_float(weight)
-    grouped = codes.float().unflatten(-1, (-1, GROUP_SIZE))  # [rows, cols / G, G]
-    return (grouped * scale[..., None] - offset[..., None]).flatten(-2)
+    return dequantize_groups(*groups_from_float(weight))
 
 
 def _by_rows(count: int, groups_of: Callable[[slice], Int4Groups]) -> Int4Groups:
